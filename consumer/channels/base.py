@@ -1,0 +1,63 @@
+"""The one narrow contract every channel adapter implements.
+
+An adapter turns a claimed delivery into one provider request and classifies the
+answer. It knows nothing of the ledger or the broker: timing (backoff, attempt
+budgets) belongs to the retry policy, persistence to the consume loop.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+
+class OutcomeKind(enum.StrEnum):
+    """How a provider answered one attempt."""
+
+    ACCEPTED = "accepted"  # 2xx: delivered, receipt recorded
+    RETRY = "retry"  # 5xx, timeout, connection error: possibly delivered, retry with same key
+    THROTTLED = "throttled"  # 429 or a provider throttle signal: retry after the given delay
+    REJECTED = "rejected"  # other 4xx, refused destination: dead now
+
+
+@dataclass(frozen=True)
+class SendRequest:
+    """Everything an adapter may use to build its request, read at send time."""
+
+    delivery_id: int
+    idempotency_key: str
+    destination: str
+    payload: dict[str, Any]
+    attempt: int
+    occurrence_at: datetime
+    stale: bool = False  # sent although older than the reminder's stale_after
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The classified answer to one attempt. Never contains recipient data."""
+
+    kind: OutcomeKind
+    http_status: int | None = None
+    receipt: str | None = None  # provider message id or a bounded status excerpt
+    error: str | None = None  # short reason, e.g. "timeout", "http 503", "ssrf: private address"
+    retry_after_seconds: float | None = None  # from Retry-After or a provider throttle signal
+    response_excerpt: str | None = None  # bounded, for support work
+    disable_destination: bool = False  # 410 Gone: stop sending to this destination
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Channel(Protocol):
+    """A channel adapter: key in, classified outcome out."""
+
+    name: str
+
+    async def send(self, request: SendRequest) -> Outcome:
+        """Make one attempt. Must not raise for provider failures: classify them."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...

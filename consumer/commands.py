@@ -1,0 +1,26 @@
+"""Handler of ``relay consume``."""
+
+from __future__ import annotations
+
+import argparse
+
+from consumer import run as consume_run
+from service import telemetry
+from service.settings import Settings
+
+
+async def consume(args: argparse.Namespace, settings: Settings) -> int:
+    if args.check:
+        return await consume_run.check(settings)
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import REGISTRY, generate_latest
+
+    telem = telemetry.setup("relay-consume", [PrometheusMetricReader()])
+    try:
+        return await consume_run.run(
+            settings, metrics=telem.metrics, render_metrics=lambda: generate_latest(REGISTRY)
+        )
+    finally:
+        telem.shutdown()
+
+

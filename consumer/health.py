@@ -1,0 +1,52 @@
+"""Liveness, readiness and the Prometheus scrape endpoint of a consumer process.
+
+``/livez`` answers while the event loop runs. ``/readyz`` answers 200 only while the
+process holds an open broker connection, can run a query, and is consuming.
+``/metrics`` renders the OpenTelemetry Prometheus reader's registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+ReadyCheck = Callable[[], Awaitable[tuple[bool, dict[str, bool]]]]
+MetricsRender = Callable[[], bytes]
+
+
+def build_app(ready: ReadyCheck, render_metrics: MetricsRender | None) -> web.Application:
+    async def livez(_: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        try:
+            ok, parts = await asyncio.wait_for(ready(), timeout=2.0)
+        except (TimeoutError, OSError):
+            ok, parts = False, {"timeout": True}
+        return web.json_response(
+            {"status": "ready" if ok else "not ready", **parts}, status=200 if ok else 503
+        )
+
+    async def metrics(_: web.Request) -> web.Response:
+        assert render_metrics is not None
+        return web.Response(
+            body=render_metrics(), content_type="text/plain", charset="utf-8",
+            headers={"X-Content-Type": "version=0.0.4"},
+        )
+
+    app = web.Application()
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+    if render_metrics is not None:
+        app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Start the server; the caller cleans the runner up on shutdown."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

@@ -1,0 +1,174 @@
+"""``relay consume``: the composition root of a consumer process.
+
+Builds settings -> pool -> broker connection -> topology -> channels -> worker, serves the
+health endpoints, and runs the one shutdown protocol: SIGTERM/SIGINT -> stop intake ->
+drain in-flight deliveries within the grace period -> close in reverse order -> exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+from collections.abc import Mapping
+
+import asyncpg
+from aio_pika.abc import AbstractQueue
+
+from consumer import health, retry, worker
+from consumer.channels.base import Channel
+from service import amqp, db, errors, logs, netpolicy
+from service.clock import SystemClock
+from service.crashpoints import CrashPoints
+from service.settings import Settings
+from service.telemetry import Metrics
+
+log = logs.get("consumer")
+
+
+def build_channels(settings: Settings) -> dict[str, Channel]:
+    """The channel adapters this process can send through."""
+    from consumer.channels import webhook
+
+    config = webhook.WebhookConfig(
+        timeout_seconds=settings.http_timeout_seconds,
+        connect_timeout_seconds=settings.http_connect_timeout_seconds,
+        signing_secrets=tuple(s.get_secret_value() for s in settings.webhook_signing_secrets),
+        allow_networks=tuple(netpolicy.parse_networks(settings.allow_networks)),
+    )
+    return {"webhook": webhook.WebhookChannel(config)}
+
+
+def build_policy(settings: Settings) -> retry.RetryPolicy:
+    return retry.RetryPolicy(
+        base_seconds=settings.retry_base_seconds,
+        multiplier=settings.retry_multiplier,
+        max_seconds=settings.retry_max_seconds,
+        retry_after_max_seconds=settings.retry_after_max_seconds,
+        max_attempts=settings.max_attempts,
+        max_attempts_by_channel=retry.parse_attempts_by_channel(settings.max_attempts_per_channel),
+    )
+
+
+async def run(
+    settings: Settings,
+    *,
+    metrics: Metrics,
+    render_metrics: health.MetricsRender | None = None,
+    channels: Mapping[str, Channel] | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Consume until SIGTERM/SIGINT (or until ``stop`` is set); return the exit code."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    broker_lost = asyncio.Event()
+
+    pool = await db.create_pool(settings)
+    connection = await amqp.connect(settings, name=f"relay-consume@{socket.gethostname()}")
+
+    # Crash-only on broker loss: exit non-zero and let the orchestrator restart us;
+    # unacked messages are redelivered to the other replicas meanwhile.
+    def on_close(*_: object) -> None:
+        broker_lost.set()
+        stop.set()
+
+    connection.close_callbacks.add(on_close)
+    topology = amqp.Topology.from_settings(settings)
+    consuming = False
+    channels = dict(channels) if channels is not None else build_channels(settings)
+    try:
+        setup_channel = await connection.channel()
+        await amqp.declare(setup_channel, topology)
+        await setup_channel.close()
+        publisher = await amqp.ConfirmedPublisher.open(connection, topology, settings)
+        work = worker.Worker(
+            pool=pool,
+            publisher=publisher,
+            channels=channels,
+            policy=build_policy(settings),
+            config=worker.WorkerConfig(
+                lease_seconds=settings.lease_seconds,
+                write_batch_max=settings.write_batch_max,
+                write_concurrency=max(1, settings.database_pool_size - 2),
+            ),
+            metrics=metrics,
+            clock=SystemClock(),
+            crash=CrashPoints(settings.crash_at),
+        )
+        work.start()
+        consume_channel = await connection.channel()
+        await consume_channel.set_qos(prefetch_count=settings.prefetch)
+
+        async def ready() -> tuple[bool, dict[str, bool]]:
+            broker_ok = not connection.is_closed and not consume_channel.is_closed
+            try:
+                await pool.fetchval(db.q("db_now"))
+                db_ok = True
+            except (OSError, asyncpg.PostgresError):
+                db_ok = False
+            return broker_ok and db_ok and consuming, {
+                "broker": broker_ok,
+                "database": db_ok,
+                "consuming": consuming,
+            }
+
+        runner = None
+        if settings.health_port:
+            runner = await health.serve(
+                health.build_app(ready, render_metrics), settings.health_host, settings.health_port
+            )
+        queues: list[tuple[AbstractQueue, str]] = []
+        # Urgent lane first, so a bulk backlog never sits in front of it on this channel.
+        for lane in (amqp.URGENT, amqp.BULK):
+            queue = await consume_channel.get_queue(topology.lane_queue(lane), ensure=False)
+            tag = await queue.consume(work.on_message)
+            queues.append((queue, tag))
+        consuming = True
+        log.info("consuming", extra={"event": "consume_started", "prefetch": settings.prefetch})
+
+        await stop.wait()
+        if broker_lost.is_set():
+            log.error("broker connection lost", extra={"event": "broker_lost"})
+            await work.close()
+            return errors.ExitCode.UNAVAILABLE
+
+        # Stop intake first; prefetched but unstarted messages are redelivered on close.
+        consuming = False
+        for queue, tag in queues:
+            await queue.cancel(tag)
+        drained = await work.drain(settings.shutdown_grace_seconds)
+        log.info(
+            "consumer stopping",
+            extra={"event": "consume_stopping", "drained": drained, "left": work.in_flight},
+        )
+        await work.close()
+        await publisher.close()
+        await consume_channel.close()
+        if runner is not None:
+            await runner.cleanup()
+        return errors.ExitCode.OK
+    finally:
+        for ch in channels.values():
+            await ch.close()
+        await connection.close()
+        await pool.close()
+
+
+async def check(settings: Settings) -> int:
+    """``relay consume --check``: exit 0 if the database and the broker answer."""
+    try:
+        pool = await db.create_pool(settings, size=1)
+        try:
+            await pool.fetchval(db.q("db_now"))
+        finally:
+            await pool.close()
+        connection = await amqp.connect(settings, name="relay-check")
+        await connection.close()
+    except errors.UnavailableError as exc:
+        print(f"not ready: {exc}")
+        return errors.ExitCode.UNAVAILABLE
+    print("ok: database and broker reachable")
+    return errors.ExitCode.OK

@@ -1,0 +1,371 @@
+"""The consume loop: the only place that acknowledges a delivery message.
+
+Per message: decode -> claim the row (batched) -> pre-send checks -> rate budget ->
+send through the channel adapter -> write the attempt and the new state (batched, one
+transaction per group) -> publish the retry or dead letter with a confirm -> **only then
+ack**. A crash anywhere before the ack means redelivery; the claim (with its lease and
+attempt fence) and the receiver's idempotency key make a redelivery harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+
+from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
+from consumer.retry import Action, RetryPolicy
+from service import amqp, ledger, logs, messages
+from service.batching import Batcher
+from service.clock import Clock
+from service.crashpoints import CrashPoints
+from service.ledger import Claimed, Completion, State, Unclaimable
+from service.telemetry import Metrics
+
+log = logs.get("consumer")
+
+# Budget wait hook: (claimed row) -> awaitable that returns when a send may start.
+BudgetWait = Callable[[Claimed], Awaitable[None]]
+
+
+async def _no_budget(_: Claimed) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    lease_seconds: float
+    write_batch_max: int
+    write_concurrency: int
+
+
+class Worker:
+    """Handles delivery messages; construct with every dependency, then ``start()``."""
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        publisher: amqp.ConfirmedPublisher,
+        channels: Mapping[str, Channel],
+        policy: RetryPolicy,
+        config: WorkerConfig,
+        metrics: Metrics,
+        clock: Clock,
+        budget_wait: BudgetWait = _no_budget,
+        rng: Callable[[], float] = random.random,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        self._crash = crash or CrashPoints()
+        self._pool = pool
+        self._publisher = publisher
+        self._channels = channels
+        self._policy = policy
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._budget_wait = budget_wait
+        self._rng = rng
+        self._claims: Batcher[int, Claimed | Unclaimable | None] = Batcher(
+            self._claim_batch,
+            max_size=config.write_batch_max,
+            max_concurrent=config.write_concurrency,
+        )
+        self._completions: Batcher[Completion, bool] = Batcher(
+            self._complete_batch,
+            max_size=config.write_batch_max,
+            max_concurrent=config.write_concurrency,
+        )
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self.handled = 0
+
+    def start(self) -> None:
+        self._claims.start()
+        self._completions.start()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
+        """aio-pika callback: handle the message in a tracked task (for the drain)."""
+        task = asyncio.create_task(self.handle(message))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def drain(self, timeout_seconds: float) -> bool:
+        """Wait for in-flight messages; True if all finished within the deadline."""
+        deadline = time.monotonic() + timeout_seconds
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.wait(set(self._in_flight), timeout=deadline - time.monotonic())
+        return not self._in_flight
+
+    async def close(self) -> None:
+        """Cancel what is still running (its messages are redelivered), flush writes."""
+        for task in list(self._in_flight):
+            task.cancel()
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight))
+        await self._claims.close()
+        await self._completions.close()
+
+    # ------------------------------------------------------------------ batching
+
+    async def _claim_batch(self, ids: Sequence[int]) -> list[Claimed | Unclaimable | None]:
+        unique = list(dict.fromkeys(ids))
+        async with self._pool.acquire() as conn:
+            claimed, others = await ledger.claim(conn, unique, self._config.lease_seconds)
+        # A duplicate id within one batch gets the claim once; its twin sees it as held.
+        results: list[Claimed | Unclaimable | None] = []
+        given: set[int] = set()
+        for i in ids:
+            if i in claimed and i not in given:
+                given.add(i)
+                results.append(claimed[i])
+            elif i in claimed:
+                now = self._clock.now()
+                lease_end = now + timedelta(seconds=self._config.lease_seconds)
+                results.append(Unclaimable(i, State.SENDING, None, lease_end, now))
+            else:
+                results.append(others.get(i))
+        return results
+
+    async def _complete_batch(self, completions: Sequence[Completion]) -> list[bool]:
+        async with self._pool.acquire() as conn:
+            written = await ledger.complete(conn, completions)
+        return [c.id in written for c in completions]
+
+    # ------------------------------------------------------------------ one message
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        """Process one message end to end; ack only after the outcome is durable."""
+        try:
+            await self._handle(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A bug or an outage (database, broker): leave the message unacked for
+            # redelivery; x-delivery-limit stops a message that always fails here.
+            log.exception("message handling failed", extra={"event": "handle_failed"})
+            try:
+                await message.nack(requeue=True)
+            except Exception:
+                log.warning("nack failed", extra={"event": "nack_failed"})
+        finally:
+            self.handled += 1
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
+        try:
+            decoded = messages.decode(message.body)
+        except messages.MessageError as exc:
+            await self._poison(message, str(exc))
+            return
+        result = await self._claims.submit(decoded.delivery_id)
+        if result is None:
+            await self._poison(message, "unknown delivery id", decoded.delivery_id)
+            return
+        if isinstance(result, Unclaimable):
+            await self._not_claimable(message, result)
+            return
+        await self._attempt(message, result)
+
+    async def _poison(
+        self, message: AbstractIncomingMessage, reason: str, delivery_id: int | None = None
+    ) -> None:
+        headers = {amqp.REASON_HEADER: reason, "x-relay-source-queue": message.routing_key or ""}
+        await self._publisher.publish_dead(message.body, headers)
+        await message.ack()
+        self._metrics.poison.add(1, {"reason": reason.split(":")[0]})
+        self._metrics.dead_letters.add(1, {"reason": reason.split(":")[0]})
+        log.warning(
+            "message dead-lettered as poison",
+            extra={"event": "poison", "reason": reason, "delivery_id": delivery_id},
+        )
+
+    async def _not_claimable(self, message: AbstractIncomingMessage, row: Unclaimable) -> None:
+        if row.state in ledger.FINAL_STATES:
+            # Already final: a redelivery or a rescue duplicate. Never send again.
+            self._metrics.duplicates.add(1, {"state": row.state.value})
+            await message.ack()
+            log.info(
+                "duplicate message for a final row acked without sending",
+                extra={"event": "duplicate", "delivery_id": row.id, "state": row.state.value},
+            )
+            return
+        # Held by a live claim (sending) or waiting for its retry time (retrying): park
+        # the message until then rather than drop it, so a lost retry message is moot.
+        until = row.lease_expires_at if row.state is State.SENDING else row.next_attempt_at
+        remaining = max((until - row.now).total_seconds(), 0.0) if until else 0.0
+        tier = await self._publisher.publish_delayed(
+            message.body, lane=message.routing_key or amqp.BULK, remaining_seconds=remaining
+        )
+        await message.ack()
+        self._metrics.redelays.add(1, {"state": row.state.value})
+        log.info(
+            "message parked until its row is due",
+            extra={
+                "event": "redelay",
+                "delivery_id": row.id,
+                "state": row.state.value,
+                "remaining_seconds": round(remaining, 3),
+                "tier_seconds": tier,
+            },
+        )
+
+    def _pre_send_skip(self, row: Claimed, now: datetime) -> tuple[str | None, bool]:
+        """(skip reason or None, send marked stale) — checked immediately before sending."""
+        if not row.active or row.destination is None or row.payload is None:
+            return "cancelled", False
+        if row.stale_after_seconds is not None:
+            age = (now - row.occurrence_at).total_seconds()
+            if age > row.stale_after_seconds:
+                return (None, True) if row.send_stale else ("stale", False)
+        return None, False
+
+    async def _attempt(self, message: AbstractIncomingMessage, row: Claimed) -> None:
+        fields: dict[str, Any] = {
+            "delivery_id": row.id,
+            "key": row.idempotency_key,
+            "run_id": row.run_id,
+            "attempt": row.attempts,
+        }
+        now = self._clock.now()
+        skip_reason, stale = self._pre_send_skip(row, now)
+        if skip_reason is not None:
+            await self._write(
+                Completion(
+                    id=row.id,
+                    attempt=row.attempts,
+                    state=State.SKIPPED,
+                    skip_reason=skip_reason,
+                    record=ledger.Attempt(outcome="skipped", error=skip_reason),
+                )
+            )
+            await message.ack()
+            self._metrics.skipped.add(1, {"reason": skip_reason, "channel": row.channel})
+            log.info(
+                "delivery skipped", extra={"event": "skipped", "reason": skip_reason, **fields}
+            )
+            return
+        channel = self._channels.get(row.channel)
+        labels = {"channel": row.channel, "provider": row.provider}
+        if channel is None:
+            outcome = Outcome(OutcomeKind.REJECTED, error=f"channel {row.channel} not configured")
+            latency = 0.0
+        else:
+            wait_started = time.monotonic()
+            await self._budget_wait(row)
+            self._metrics.budget_wait.record(time.monotonic() - wait_started, labels)
+            assert row.destination is not None and row.payload is not None
+            started = time.monotonic()
+            outcome = await channel.send(
+                SendRequest(
+                    delivery_id=row.id,
+                    idempotency_key=row.idempotency_key,
+                    destination=row.destination,
+                    payload=row.payload,
+                    attempt=row.attempts,
+                    occurrence_at=row.occurrence_at,
+                    stale=stale,
+                )
+            )
+            latency = time.monotonic() - started
+            self._metrics.send_duration.record(latency, labels)
+            self._crash.hit("after_send")
+        self._metrics.attempts.add(1, {**labels, "outcome": outcome.kind.value})
+        decision = self._policy.decide(
+            outcome.kind,
+            channel=row.channel,
+            attempt=row.attempt_in_round,
+            retry_after_seconds=outcome.retry_after_seconds,
+            random=self._rng,
+        )
+        record = ledger.Attempt(
+            outcome=outcome.kind.value,
+            http_status=outcome.http_status,
+            latency_ms=latency * 1000,
+            error=outcome.error,
+            response_excerpt=outcome.response_excerpt,
+            payload_version=row.payload_version,
+            started_at=now,
+        )
+        if decision.action is Action.DELIVERED:
+            completion = Completion(
+                row.id,
+                row.attempts,
+                State.DELIVERED,
+                status=outcome.http_status,
+                receipt=outcome.receipt,
+                record=record,
+            )
+        elif decision.action is Action.RETRY:
+            assert decision.delay_seconds is not None
+            completion = Completion(
+                row.id,
+                row.attempts,
+                State.RETRYING,
+                next_attempt_at=now + timedelta(seconds=decision.delay_seconds),
+                status=outcome.http_status,
+                error=outcome.error,
+                record=record,
+            )
+        else:
+            completion = Completion(
+                row.id,
+                row.attempts,
+                State.DEAD,
+                status=outcome.http_status,
+                error=f"{decision.reason}: {outcome.error}" if outcome.error else decision.reason,
+                record=record,
+            )
+        # Durable first: the outcome is committed before any retry/dead-letter publish
+        # and before the ack. If this process dies now, redelivery finds the new state.
+        written = await self._write(completion)
+        self._crash.hit("after_write")
+        if written and decision.action is Action.RETRY:
+            assert decision.delay_seconds is not None
+            await self._publisher.publish_delayed(
+                message.body,
+                lane=amqp.lane_of(row.urgent),
+                remaining_seconds=decision.delay_seconds,
+            )
+            self._metrics.retries_scheduled.add(1, labels)
+        elif written and decision.action is Action.DEAD:
+            await self._publisher.publish_dead(
+                message.body,
+                {
+                    amqp.REASON_HEADER: completion.error or "dead",
+                    "x-relay-last-status": outcome.http_status or 0,
+                    "x-relay-attempts": row.attempts,
+                    "x-relay-delivery-id": row.id,
+                },
+            )
+            self._metrics.dead_letters.add(1, {"reason": decision.reason or "dead", **labels})
+        if written and decision.action is not Action.DELIVERED:
+            self._crash.hit("after_publish")
+        await message.ack()
+        level = 40 if decision.action is Action.DEAD else 20
+        log.log(
+            level,
+            "delivery attempted",
+            extra={
+                "event": "attempt",
+                "outcome": outcome.kind.value,
+                "decision": decision.action.value,
+                "http_status": outcome.http_status,
+                "error": outcome.error,
+                "latency_ms": round(latency * 1000, 1),
+                "fenced_out": not written,
+                **fields,
+            },
+        )
+
+    async def _write(self, completion: Completion) -> bool:
+        return await self._completions.submit(completion)

@@ -1,0 +1,306 @@
+"""``relay publish``: one discovery run (a CronJob), and the rescue pass it ends with.
+
+1. Admission, in bounded batches, one transaction each: lock due reminders with
+   ``FOR UPDATE SKIP LOCKED``, plan their owed occurrences, insert one ledger row per
+   occurrence (``ON CONFLICT DO NOTHING`` on the idempotency key), advance
+   ``next_due_at``. Commit.
+2. Publish the batch's new rows with publisher confirms, pipelined and bounded, and
+   mark only confirmed rows ``queued``.
+3. Sweep rows still ``pending`` from earlier runs or from the outbox API, page by page.
+4. Rescue: republish rows whose message should have arrived long ago.
+
+Memory holds one batch at a time, however many reminders are due. A crash anywhere
+leaves rows ``pending`` (or stranded ``queued``) for the next run to publish.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from service import amqp, db, errors, ledger, logs, schedule
+from service.clock import Clock
+from service.ledger import NewDelivery, State
+from service.settings import Settings
+from service.telemetry import Metrics
+
+log = logs.get("publisher")
+
+
+@dataclass
+class RunCounts:
+    due: int = 0
+    created: int = 0
+    skipped: int = 0
+    published: int = 0
+    rescued: int = 0
+    failed: int = 0
+
+
+@dataclass
+class RunResult:
+    run_id: int
+    status: str  # ok | incomplete | paused
+    counts: RunCounts = field(default_factory=RunCounts)
+    error: str | None = None
+    broker_unreachable: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.status in ("ok", "paused"):
+            return errors.ExitCode.OK
+        if self.broker_unreachable:
+            return errors.ExitCode.UNAVAILABLE
+        return errors.ExitCode.INCOMPLETE
+
+
+def schedule_of(row: asyncpg.Record) -> schedule.Schedule:
+    """The schedule of a reminders row."""
+    return schedule.Schedule(
+        kind=row["schedule_kind"],
+        timezone=row["timezone"],
+        due_at=row["due_at"],
+        daily_at=row["daily_at"],
+        cron=row["cron"],
+    )
+
+
+def plan_batch(
+    rows: Sequence[asyncpg.Record], now: datetime, settings: Settings
+) -> tuple[list[NewDelivery], list[tuple[str, datetime | None]]]:
+    """Owed occurrences (sent or skipped) and the new next_due_at of each reminder."""
+    deliveries: list[NewDelivery] = []
+    advances: list[tuple[str, datetime | None]] = []
+    for row in rows:
+        try:
+            plan = schedule.plan_due(
+                schedule_of(row),
+                row["next_due_at"],
+                now,
+                row["missed_policy"],
+                timedelta(seconds=settings.misfire_grace_seconds),
+                settings.catch_up_limit,
+            )
+        except schedule.ScheduleError as exc:
+            # A schedule that cannot be computed must not block the scan: stop it, loudly.
+            log.error(
+                "reminder schedule invalid; stopped firing",
+                extra={"event": "schedule_invalid", "reminder_id": row["id"], "reason": str(exc)},
+            )
+            advances.append((row["id"], None))
+            continue
+        owed = [(at, None) for at in plan.send] + list(plan.skipped)
+        for at, reason in owed:
+            deliveries.append(
+                NewDelivery(
+                    key=ledger.schedule_key(row["id"], at, row["channel"]),
+                    reminder_id=row["id"],
+                    channel=row["channel"],
+                    provider=row["provider"],
+                    occurrence_at=at,
+                    urgent=row["urgent"],
+                    skip_reason=reason,
+                )
+            )
+        advances.append((row["id"], plan.next_due_at))
+    return deliveries, advances
+
+
+class PublishRun:
+    """One run. ``publisher`` is None when the broker was unreachable: admission still
+    records what is owed, and the run ends incomplete with those rows pending."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        pool: asyncpg.Pool,
+        publisher: amqp.ConfirmedPublisher | None,
+        metrics: Metrics,
+        clock: Clock,
+        broker_error: str | None = None,
+    ) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._publisher = publisher
+        self._metrics = metrics
+        self._clock = clock
+        self._error = broker_error
+        self._broker_unreachable = broker_error is not None
+        self.counts = RunCounts()
+        self.run_id = 0
+
+    async def execute(self, intended_fire_at: datetime | None = None) -> RunResult:
+        now = self._clock.now()
+        # Without a scheduled time from the caller, the run is as late as the oldest
+        # occurrence it is about to fire: that is the lag a reminder's receiver sees.
+        oldest_due = await self._pool.fetchval(db.q("oldest_due"), now)
+        intended = intended_fire_at or min(oldest_due or now, now)
+        row = await self._pool.fetchrow(
+            db.q("start_run"), "publish", intended, socket.gethostname()
+        )
+        assert row is not None
+        self.run_id = row["id"]
+        self._metrics.scheduler_lag.record(max((row["started_at"] - intended).total_seconds(), 0))
+        fields = {"event": "publish_run", "run_id": self.run_id}
+        if await self._pool.fetchval(db.q("admission_paused")):
+            log.info("admission paused; run recorded, nothing admitted", extra=fields)
+            return await self._finish("paused")
+        try:
+            await self._admit_all(now)
+            await self._sweep_pending()
+            await self._rescue()
+        except (OSError, asyncpg.PostgresError) as exc:
+            self._error = f"database error: {type(exc).__name__}"
+            await self._finish_safely("failed")
+            raise
+        status = "ok" if self._error is None and self.counts.failed == 0 else "incomplete"
+        return await self._finish(status)
+
+    async def _admit_all(self, now: datetime) -> None:
+        batch = self._settings.publish_batch_size
+        while True:
+            async with self._pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(db.q("lock_due_reminders"), now, batch)
+                if not rows:
+                    return
+                new, advances = plan_batch(rows, now, self._settings)
+                inserted = await ledger.insert_deliveries(conn, new, self.run_id)
+                await conn.execute(
+                    db.q("advance_reminders"),
+                    [reminder_id for reminder_id, _ in advances],
+                    [at for _, at in advances],
+                )
+            self.counts.due += len(new)
+            self.counts.created += len(inserted)
+            self.counts.skipped += sum(1 for _, _, state in inserted if state is State.SKIPPED)
+            self._metrics.run_due.add(len(new))
+            self._metrics.run_created.add(len(inserted))
+            # Committed first, then published: a crash here leaves the rows pending.
+            await self._publish([(i, urgent) for i, urgent, s in inserted if s is State.PENDING])
+
+    async def _sweep_pending(self) -> None:
+        after_id = 0
+        while self._publisher is not None:
+            page = await ledger.select_pending(
+                self._pool, after_id, self._settings.publish_batch_size
+            )
+            if not page:
+                return
+            after_id = page[-1][0]
+            await self._publish(page)
+
+    async def _rescue(self) -> None:
+        if self._publisher is None:
+            return
+        rows = await ledger.select_rescue(
+            self._pool, self._settings.rescue_after_seconds, self._settings.rescue_batch_limit
+        )
+        if not rows:
+            return
+        confirmed, failed = await self._publisher.publish_many(rows)
+        await ledger.touch_published(self._pool, confirmed)
+        self.counts.rescued += len(confirmed)
+        self.counts.failed += len(failed)
+        self._metrics.rescues.add(len(confirmed))
+        log.warning(
+            "rescued deliveries whose message was presumed lost",
+            extra={
+                "event": "rescue",
+                "run_id": self.run_id,
+                "rescued": len(confirmed),
+                "failed": len(failed),
+            },
+        )
+
+    async def _publish(self, items: list[tuple[int, bool]]) -> None:
+        if not items:
+            return
+        if self._publisher is None:
+            self.counts.failed += len(items)
+            return
+        confirmed, failed = await self._publisher.publish_many(items)
+        await ledger.mark_queued(self._pool, confirmed)
+        self.counts.published += len(confirmed)
+        self.counts.failed += len(failed)
+        self._metrics.run_published.add(len(confirmed))
+        if failed:
+            self._error = self._error or "some publishes were not confirmed"
+            log.warning(
+                "publishes not confirmed; rows left pending",
+                extra={"event": "publish_failed", "run_id": self.run_id, "failed": len(failed)},
+            )
+            if self._publisher.closed:
+                self._publisher = None  # broker gone: stop trying, leave the rest pending
+
+    async def _finish(self, status: str) -> RunResult:
+        c = self.counts
+        await self._pool.execute(
+            db.q("finish_run"),
+            self.run_id,
+            status,
+            c.due,
+            c.created,
+            c.skipped,
+            c.published,
+            c.rescued,
+            c.failed,
+            self._error,
+        )
+        extra: dict[str, Any] = {
+            "event": "publish_run_finished",
+            "run_id": self.run_id,
+            "status": status,
+            **{f"{name}_count": n for name, n in c.__dict__.items()},
+        }
+        log.info("publish run finished", extra=extra)
+        return RunResult(self.run_id, status, c, self._error, self._broker_unreachable)
+
+    async def _finish_safely(self, status: str) -> None:
+        try:
+            await self._finish(status)
+        except (OSError, asyncpg.PostgresError):
+            log.error("could not record the run's end", extra={"event": "run_record_failed"})
+
+
+async def run(
+    settings: Settings, *, metrics: Metrics, clock: Clock, intended_fire_at: datetime | None = None
+) -> RunResult:
+    """Composition root of ``relay publish``."""
+    pool = await db.create_pool(settings, size=2)
+    connection = None
+    publisher = None
+    broker_error = None
+    try:
+        try:
+            connection = await amqp.connect(settings, name=f"relay-publish@{socket.gethostname()}")
+            channel = await connection.channel()
+            await amqp.declare(channel, amqp.Topology.from_settings(settings))
+            await channel.close()
+            publisher = await amqp.ConfirmedPublisher.open(
+                connection, amqp.Topology.from_settings(settings), settings
+            )
+        except errors.UnavailableError as exc:
+            broker_error = str(exc)
+            log.error(
+                "broker unreachable; admitting without publishing",
+                extra={"event": "broker_unreachable"},
+            )
+        result = await PublishRun(
+            settings=settings,
+            pool=pool,
+            publisher=publisher,
+            metrics=metrics,
+            clock=clock,
+            broker_error=broker_error,
+        ).execute(intended_fire_at)
+        return result
+    finally:
+        if connection is not None:
+            await connection.close()
+        await pool.close()

@@ -1,0 +1,274 @@
+"""Broker topology (names and idempotent declaration), connections, confirmed publishing.
+
+Topology, all durable, names prefixed by the namespace (default ``relay``):
+
+- ``<ns>.work`` (direct) routes lane keys ``bulk`` and ``urgent`` to the quorum queues
+  ``<ns>.deliveries`` and ``<ns>.deliveries.urgent``; both dead-letter (at-least-once)
+  to ``<ns>.dlx`` after ``x-delivery-limit`` redeliveries.
+- ``<ns>.delay`` (headers) routes by header ``x-relay-tier`` to one quorum queue per
+  delay tier, ``<ns>.delay.<ms>ms``, whose TTL dead-letters back to ``<ns>.work`` with the
+  message's own routing key, i.e. back to its lane. No broker plugin is needed.
+- ``<ns>.dlx`` (fanout) -> ``<ns>.dead-letters``, read by ``relay replay``.
+
+Every publish is persistent, ``mandatory`` and confirmed: an unroutable message is an
+error, never a silent drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+
+from service import errors, messages
+from service.settings import Settings
+
+BULK = "bulk"
+URGENT = "urgent"
+TIER_HEADER = "x-relay-tier"
+REASON_HEADER = "x-relay-reason"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Every exchange and queue name, derived from the namespace."""
+
+    namespace: str
+    delay_tiers_seconds: tuple[float, ...]
+    delivery_limit: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Topology:
+        return cls(
+            namespace=settings.amqp_namespace,
+            delay_tiers_seconds=tuple(settings.delay_tiers_seconds),
+            delivery_limit=settings.amqp_delivery_limit,
+        )
+
+    @property
+    def work_exchange(self) -> str:
+        return f"{self.namespace}.work"
+
+    @property
+    def delay_exchange(self) -> str:
+        return f"{self.namespace}.delay"
+
+    @property
+    def dead_exchange(self) -> str:
+        return f"{self.namespace}.dlx"
+
+    @property
+    def dead_queue(self) -> str:
+        return f"{self.namespace}.dead-letters"
+
+    def lane_queue(self, lane: str) -> str:
+        return f"{self.namespace}.deliveries" + (".urgent" if lane == URGENT else "")
+
+    def delay_queue(self, tier_seconds: float) -> str:
+        return f"{self.namespace}.delay.{round(tier_seconds * 1000)}ms"
+
+    def tier_for(self, remaining_seconds: float) -> float:
+        """The largest tier not longer than what remains (the smallest if all are longer).
+
+        A long delay hops through several tiers; the consumer re-delays a message that
+        comes back before its row's next_attempt_at, so a hop never fires early.
+        """
+        fitting = [t for t in self.delay_tiers_seconds if t <= remaining_seconds]
+        return fitting[-1] if fitting else self.delay_tiers_seconds[0]
+
+    def all_queues(self) -> list[str]:
+        return [
+            self.lane_queue(BULK),
+            self.lane_queue(URGENT),
+            self.dead_queue,
+            *(self.delay_queue(t) for t in self.delay_tiers_seconds),
+        ]
+
+
+def lane_of(urgent: bool) -> str:
+    return URGENT if urgent else BULK
+
+
+async def connect(settings: Settings, *, name: str, robust: bool = False) -> AbstractConnection:
+    """Open a connection named after its process; raise UnavailableError if unreachable."""
+    url = settings.amqp_url.get_secret_value()
+    try:
+        if robust:
+            return await aio_pika.connect_robust(url, client_properties={"connection_name": name})
+        return await aio_pika.connect(url, client_properties={"connection_name": name})
+    except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
+        raise errors.UnavailableError(f"broker unreachable: {type(exc).__name__}") from exc
+
+
+async def declare(channel: AbstractChannel, topology: Topology) -> None:
+    """Declare the whole topology. Idempotent: every process does it at start-up."""
+    work = await channel.declare_exchange(
+        topology.work_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+    )
+    dlx = await channel.declare_exchange(
+        topology.dead_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+    )
+    delay = await channel.declare_exchange(
+        topology.delay_exchange, aio_pika.ExchangeType.HEADERS, durable=True
+    )
+    # at-least-once dead-lettering only works with reject-publish overflow (RabbitMQ 3.10).
+    safe_dead_lettering = {
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+    for lane in (BULK, URGENT):
+        queue = await channel.declare_queue(
+            topology.lane_queue(lane),
+            durable=True,
+            arguments={
+                "x-queue-type": "quorum",
+                "x-delivery-limit": topology.delivery_limit,
+                "x-dead-letter-exchange": topology.dead_exchange,
+                **safe_dead_lettering,
+            },
+        )
+        await queue.bind(work, routing_key=lane)
+    dead = await channel.declare_queue(
+        topology.dead_queue, durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    await dead.bind(dlx)
+    for tier in topology.delay_tiers_seconds:
+        tier_queue = await channel.declare_queue(
+            topology.delay_queue(tier),
+            durable=True,
+            arguments={
+                "x-queue-type": "quorum",
+                "x-message-ttl": round(tier * 1000),
+                "x-dead-letter-exchange": topology.work_exchange,
+                **safe_dead_lettering,
+            },
+        )
+        await tier_queue.bind(
+            delay, arguments={"x-match": "all", TIER_HEADER: topology.delay_queue(tier)}
+        )
+
+
+class ConfirmedPublisher:
+    """Publishes delivery messages on a confirming channel, pipelined and bounded."""
+
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        topology: Topology,
+        *,
+        max_in_flight: int,
+        confirm_timeout_seconds: float,
+    ) -> None:
+        self._channel = channel
+        self._topology = topology
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+        self._timeout = confirm_timeout_seconds
+        self._exchanges: dict[str, AbstractExchange] = {}
+
+    @classmethod
+    async def open(
+        cls, connection: AbstractConnection, topology: Topology, settings: Settings
+    ) -> ConfirmedPublisher:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        return cls(
+            channel,
+            topology,
+            max_in_flight=settings.publish_max_in_flight,
+            confirm_timeout_seconds=settings.publish_confirm_timeout_seconds,
+        )
+
+    async def _exchange(self, name: str) -> AbstractExchange:
+        if name not in self._exchanges:
+            self._exchanges[name] = await self._channel.get_exchange(name, ensure=False)
+        return self._exchanges[name]
+
+    async def _publish(
+        self, exchange_name: str, routing_key: str, body: bytes, headers: Mapping[str, Any]
+    ) -> None:
+        exchange = await self._exchange(exchange_name)
+        message = aio_pika.Message(
+            body,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers=dict(headers),
+        )
+        async with self._in_flight:
+            try:
+                await exchange.publish(message, routing_key, mandatory=True, timeout=self._timeout)
+            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+                raise errors.PublishError(f"publish not confirmed: {type(exc).__name__}") from exc
+
+    async def publish_delivery(
+        self, delivery_id: int, *, urgent: bool, headers: Mapping[str, Any] | None = None
+    ) -> None:
+        """Publish one delivery to its lane and wait for the broker's confirm."""
+        await self._publish(
+            self._topology.work_exchange,
+            lane_of(urgent),
+            messages.encode(delivery_id),
+            headers or {},
+        )
+
+    async def publish_many(
+        self, items: Iterable[tuple[int, bool]], headers: Mapping[str, Any] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """Publish (delivery_id, urgent) pairs pipelined; return (confirmed, failed) ids."""
+        ids: list[int] = []
+        tasks: list[asyncio.Task[None]] = []
+        for delivery_id, urgent in items:
+            ids.append(delivery_id)
+            tasks.append(
+                asyncio.ensure_future(
+                    self.publish_delivery(delivery_id, urgent=urgent, headers=headers)
+                )
+            )
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        confirmed = [i for i, r in zip(ids, results, strict=True) if r is None]
+        failed = [i for i, r in zip(ids, results, strict=True) if r is not None]
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, Exception):
+                raise r  # never swallow cancellation
+        return confirmed, failed
+
+    async def publish_delayed(
+        self,
+        body: bytes,
+        *,
+        lane: str,
+        remaining_seconds: float,
+        headers: Mapping[str, Any] | None = None,
+    ) -> float:
+        """Park a message in the delay tier that fits; return that tier's length (s)."""
+        tier = self._topology.tier_for(remaining_seconds)
+        await self._publish(
+            self._topology.delay_exchange,
+            lane,
+            body,
+            {**(headers or {}), TIER_HEADER: self._topology.delay_queue(tier)},
+        )
+        return tier
+
+    async def publish_dead(self, body: bytes, headers: Mapping[str, Any]) -> None:
+        """Send a message to the dead-letter exchange, with headers saying why."""
+        await self._publish(self._topology.dead_exchange, "", body, headers)
+
+    @property
+    def closed(self) -> bool:
+        return self._channel.is_closed
+
+    async def close(self) -> None:
+        if not self._channel.is_closed:
+            await self._channel.close()
+
+
+async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:
+    """Remove every queue and exchange of a namespace (demo reset, test teardown)."""
+    for queue in topology.all_queues():
+        await channel.queue_delete(queue)
+    for exchange in (topology.work_exchange, topology.delay_exchange, topology.dead_exchange):
+        await channel.exchange_delete(exchange)

@@ -1,0 +1,179 @@
+"""Handlers of the ``relay`` subcommands that need only the shared core.
+
+Each handler is ``async (args, settings) -> exit code``; human output goes to stdout,
+structured logs to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import TextIO
+
+import asyncpg
+
+from service import db, errors, netpolicy, reminders, schedule
+from service import partner as partner_mod
+from service import status as status_mod
+from service.settings import Settings
+
+
+@asynccontextmanager
+async def _pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
+    pool = await db.create_pool(settings, size=2)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def allow_list(settings: Settings) -> list[netpolicy.IPNetwork]:
+    try:
+        return netpolicy.parse_networks(settings.allow_networks)
+    except ValueError as exc:
+        raise errors.ConfigError(f"RELAY_ALLOW_NETWORKS: {exc}") from None
+
+
+async def migrate(args: argparse.Namespace, settings: Settings) -> int:
+    async with _pool(settings) as pool:
+        applied = await db.migrate(pool)
+    print(f"migrations applied: {', '.join(applied) if applied else 'none (up to date)'}")
+    return errors.ExitCode.OK
+
+
+async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
+    allow = allow_list(settings)
+    source: TextIO = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+    try:
+        lines = source.readlines()
+    finally:
+        if source is not sys.stdin:
+            source.close()
+    async with _pool(settings) as pool:
+        count = await reminders.load(pool, lines, allow)
+    print(f"loaded {count} reminders")
+    return errors.ExitCode.OK
+
+
+async def reminders_list(args: argparse.Namespace, settings: Settings) -> int:
+    async with _pool(settings) as pool:
+        rows = await pool.fetch(db.q("list_reminders"), args.after, args.limit)
+    print(f"{'id':<28} {'channel':<8} {'schedule':<22} {'next due (UTC)':<20} active")
+    for r in rows:
+        what = {
+            "once": f"once {r['due_at']:%Y-%m-%d %H:%M}" if r["due_at"] else "once",
+            "daily": f"daily {r['daily_at']:%H:%M} {r['timezone']}",
+            "cron": f"cron {r['cron']} {r['timezone']}",
+        }[r["schedule_kind"]]
+        due = f"{r['next_due_at']:%Y-%m-%d %H:%M:%S}" if r["next_due_at"] else "-"
+        print(f"{r['id']:<28} {r['channel']:<8} {what[:22]:<22} {due:<20} {r['active']}")
+    return errors.ExitCode.OK
+
+
+async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
+    async with _pool(settings) as pool:
+        row = await pool.fetchrow(db.q("get_reminder"), args.id)
+    if row is None:
+        print(f"relay: no reminder {args.id!r}", file=sys.stderr)
+        return errors.ExitCode.INCOMPLETE
+    for key in (
+        "id",
+        "channel",
+        "schedule_kind",
+        "timezone",
+        "missed_policy",
+        "stale_after",
+        "urgent",
+        "provider",
+        "active",
+        "payload_version",
+        "next_due_at",
+    ):
+        print(f"{key:>16}: {row[key]}")
+    sched = schedule.Schedule(
+        kind=row["schedule_kind"],
+        timezone=row["timezone"],
+        due_at=row["due_at"],
+        daily_at=row["daily_at"],
+        cron=row["cron"],
+    )
+    start = row["next_due_at"] or datetime.now(UTC)
+    upcoming = schedule.occurrences(sched, start, start.replace(year=start.year + 2), args.count)
+    if row["next_due_at"] is None or not row["active"]:
+        upcoming = []
+    print("next occurrences:" if upcoming else "next occurrences: none")
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo(row["timezone"])
+    for at in upcoming:
+        print(
+            f"  {at.astimezone(zone):%Y-%m-%d %H:%M %Z} ({row['timezone']})  "
+            f"= {at:%Y-%m-%d %H:%M} UTC"
+        )
+    return errors.ExitCode.OK
+
+
+async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    async with _pool(settings) as pool:
+        done = await pool.fetchval(db.q("cancel_reminder"), args.id)
+    if done is None:
+        print(f"relay: no active reminder {args.id!r}", file=sys.stderr)
+        return errors.ExitCode.INCOMPLETE
+    print(f"cancelled {args.id}: no new occurrences; queued sends will be skipped")
+    return errors.ExitCode.OK
+
+
+async def status(args: argparse.Namespace, settings: Settings) -> int:
+    async with _pool(settings) as pool:
+        now = await pool.fetchval(db.q("db_now"))
+        if args.missing:
+            run_id = args.run or await pool.fetchval(db.q("latest_publish_run"))
+            if run_id is None:
+                print("relay: no publish runs yet", file=sys.stderr)
+                return errors.ExitCode.INCOMPLETE
+            rows = await status_mod.missing(pool, run_id, args.limit)
+            print(
+                status_mod.to_json({"run_id": run_id, "missing": rows})
+                if args.json
+                else status_mod.render_missing(run_id, rows)
+            )
+            return errors.ExitCode.OK
+        reports = await status_mod.run_reports(pool, args.run, args.runs, now)
+        totals = await status_mod.overall(pool)
+    if args.json:
+        print(status_mod.to_json({"runs": [r.as_dict() for r in reports], **totals}))
+    else:
+        print(status_mod.render_table(reports, totals))
+    return errors.ExitCode.OK
+
+
+async def _set_admission(settings: Settings, paused: bool) -> int:
+    async with _pool(settings) as pool:
+        await pool.fetchval(db.q("set_admission"), paused, getpass.getuser())
+    print("admission paused: publish runs will record and exit" if paused else "admission resumed")
+    return errors.ExitCode.OK
+
+
+async def pause(args: argparse.Namespace, settings: Settings) -> int:
+    return await _set_admission(settings, True)
+
+
+async def resume(args: argparse.Namespace, settings: Settings) -> int:
+    return await _set_admission(settings, False)
+
+
+async def partner(args: argparse.Namespace, settings: Settings) -> int:
+    secrets = [s.get_secret_value() for s in settings.webhook_signing_secrets]
+    state = partner_mod.Partner(verify_secret=secrets[0] if secrets else None)
+    runner, port = await partner_mod.start(state, args.host, args.port)
+    print(f"partner listening on http://{args.host}:{port}/hooks/<name>", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+    return errors.ExitCode.OK

@@ -1,0 +1,95 @@
+"""The database boundary: the named SQL blocks, the connection pool, and migrations.
+
+SQL lives in ``sql/queries.sql`` (named blocks) and ``sql/migrations/NNNN_*.sql``; this
+module loads them once and hands out a pool whose connections decode jsonb to Python.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import ssl as ssl_module
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from service import errors
+from service.settings import Settings
+
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@functools.cache
+def queries() -> dict[str, str]:
+    """Every named SQL block, loaded once from service/sql/queries.sql."""
+    text = resources.files("service").joinpath("sql/queries.sql").read_text("utf-8")
+    parts = _BLOCK.split(text)
+    blocks: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        blocks[name] = body.strip().rstrip(";").strip()
+    return blocks
+
+
+def q(name: str) -> str:
+    """One named SQL block."""
+    return queries()[name]
+
+
+def migrations() -> list[tuple[str, str]]:
+    """(version, sql) of every migration, in order."""
+    folder = resources.files("service").joinpath("sql/migrations")
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
+    return [(f.name.removesuffix(".sql"), f.read_text("utf-8")) for f in files]
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for kind in ("json", "jsonb"):
+        await conn.set_type_codec(kind, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+def _ssl_arg(mode: str) -> Any:
+    if mode in ("verify-ca", "verify-full"):
+        context = ssl_module.create_default_context()
+        context.check_hostname = mode == "verify-full"
+        return context
+    return mode
+
+
+async def create_pool(settings: Settings, *, size: int | None = None) -> asyncpg.Pool:
+    """Open the pool; raise UnavailableError if the database cannot be reached."""
+    pool_size = size or settings.database_pool_size
+    try:
+        pool = await asyncpg.create_pool(
+            settings.database_url.get_secret_value(),
+            min_size=min(2, pool_size),
+            max_size=pool_size,
+            init=_init_connection,
+            ssl=_ssl_arg(settings.database_ssl),
+            timeout=10,
+        )
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        raise errors.UnavailableError(f"database unreachable: {type(exc).__name__}") from exc
+    assert pool is not None
+    return pool
+
+
+async def migrate(pool: asyncpg.Pool) -> list[str]:
+    """Apply pending migrations, each in its own transaction; return those applied.
+
+    An advisory lock serialises concurrent runs, so two ``relay migrate`` at once are safe.
+    """
+    applied_now: list[str] = []
+    async with pool.acquire() as conn:
+        for version, sql in migrations():
+            async with conn.transaction():
+                await conn.execute(q("migrations_lock"))
+                await conn.execute(q("migrations_table"))
+                done = {r["version"] for r in await conn.fetch(q("migrations_applied"))}
+                if version in done:
+                    continue
+                await conn.execute(sql)
+                await conn.execute(q("migrations_record"), version)
+                applied_now.append(version)
+    return applied_now

@@ -1,0 +1,176 @@
+"""``relay demo``: the whole pipeline on this machine, with real processes.
+
+It makes a fresh ``relay_demo`` database on the configured PostgreSQL server and uses
+its own broker namespace, starts the demo partner endpoint (which verifies signatures
+and counts logical events per idempotency key), loads sample reminders due now
+(a few pointing at a path that fails once with 503, a few at one that rejects with 400),
+then runs ``relay migrate``, ``relay reminders load``, ``relay publish`` and
+``relay consume`` as subprocesses — exactly what an operator would run — until the
+ledger has nothing left to do, and prints the run report and the partner's counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+
+from service import amqp, db, errors
+from service import partner as partner_mod
+from service.settings import Settings
+
+DEMO_DB = "relay_demo"  # also named in the demo_* queries
+DEMO_NAMESPACE = "relay-demo"
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+async def _fresh_database(settings: Settings) -> str:
+    admin = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        await admin.execute(db.q("demo_drop_database"))
+        await admin.execute(db.q("demo_create_database"))
+    finally:
+        await admin.close()
+    return _with_database(settings.database_url.get_secret_value(), DEMO_DB)
+
+
+async def _fresh_namespace(settings: Settings) -> None:
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        topology = amqp.Topology.from_settings(
+            settings.model_copy(update={"amqp_namespace": DEMO_NAMESPACE})
+        )
+        await amqp.delete_topology(channel, topology)
+
+
+def _reminder_lines(count: int, port: int) -> list[str]:
+    now = datetime.now(UTC).replace(microsecond=0).isoformat()
+    lines = []
+    for i in range(count):
+        path = "partner-a" if i % 2 else "partner-b"
+        if i % 50 == 7:
+            path = "flaky"  # answers 503 once, then accepts: shows a retry
+        if i % 200 == 13:
+            path = "rejecting"  # answers 400: shows a dead letter in the report
+        lines.append(
+            json.dumps(
+                {
+                    "id": f"demo-{i:05d}",
+                    "channel": "webhook",
+                    "destination": f"http://127.0.0.1:{port}/hooks/{path}",
+                    "payload": {"text": f"Reminder {i}", "n": i},
+                    "due_at": now,
+                }
+            )
+        )
+    return lines
+
+
+async def _run(cmd: list[str], env: dict[str, str], **kwargs: object) -> int:
+    proc = await asyncio.create_subprocess_exec(*cmd, env=env, **kwargs)  # type: ignore[arg-type]
+    return await proc.wait()
+
+
+async def _open_rows(pool: asyncpg.Pool) -> int:
+    return int(await pool.fetchval(db.q("open_count")))
+
+
+async def main(args: argparse.Namespace, settings: Settings) -> int:
+    relay = [sys.executable, "-m", "service.cli"]
+    print("== reminder-relay demo ==", flush=True)
+    database_url = await _fresh_database(settings)
+    await _fresh_namespace(settings)
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    partner = partner_mod.Partner(verify_secret=secret)
+    partner.rules["flaky"] = partner_mod.PathRule(status=503, first_n=1)
+    partner.rules["rejecting"] = partner_mod.PathRule(status=400)
+    runner, port = await partner_mod.start(partner)
+    state_dir = Path(settings.state_dir) / "demo"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "RELAY_DATABASE_URL": database_url,
+        "RELAY_AMQP_NAMESPACE": DEMO_NAMESPACE,
+        "RELAY_ALLOW_NETWORKS": "127.0.0.0/8",
+        "RELAY_WEBHOOK_SIGNING_SECRETS": secret,
+        "RELAY_RETRY_BASE_SECONDS": "1",
+        "RELAY_HEALTH_PORT": "0",
+    }
+    consumers: list[asyncio.subprocess.Process] = []
+    log_path = state_dir / "consumers.log"
+    try:
+        if await _run([*relay, "migrate"], env) != 0:
+            return errors.ExitCode.INCOMPLETE
+        reminders_file = state_dir / "reminders.jsonl"
+        reminders_file.write_text("\n".join(_reminder_lines(args.reminders, port)) + "\n")
+        print(f"-- loading {args.reminders} reminders due now", flush=True)
+        if await _run([*relay, "reminders", "load", str(reminders_file)], env) != 0:
+            return errors.ExitCode.INCOMPLETE
+        print("-- publish run (discovery)", flush=True)
+        started = time.monotonic()
+        with open(state_dir / "publish.log", "w") as publish_log:
+            code = await _run([*relay, "publish"], env, stderr=publish_log)
+        if code != 0:
+            print(f"publish run exited {code}", flush=True)
+        print(f"-- starting {args.consumers} consumers", flush=True)
+        with open(log_path, "w") as consumer_log:
+            for _ in range(args.consumers):
+                consumers.append(
+                    await asyncio.create_subprocess_exec(
+                        *relay,
+                        "consume",
+                        env=env,
+                        stderr=consumer_log,
+                    )
+                )
+        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                left = await _open_rows(pool)
+                if left == 0:
+                    break
+                await asyncio.sleep(0.5)
+        finally:
+            await pool.close()
+        elapsed = time.monotonic() - started
+        for proc in consumers:
+            proc.send_signal(signal.SIGTERM)
+        for proc in consumers:
+            await proc.wait()
+        print(f"-- drained in {elapsed:.1f} s; consumer logs: {log_path}", flush=True)
+        print("-- run report (relay status)", flush=True)
+        await _run([*relay, "status"], env)
+        print("-- who did not get it (relay status --missing)", flush=True)
+        await _run([*relay, "status", "--missing"], env)
+        stats = partner.stats()
+        print("-- partner endpoint saw", flush=True)
+        print(
+            f"   requests={stats['requests']} logical events={stats['logical_events']} "
+            f"duplicates={stats['duplicates']} bad signatures={stats['bad_signatures']}"
+        )
+        print(f"   by path: {json.dumps(stats['by_path'], sort_keys=True)}", flush=True)
+        return errors.ExitCode.OK
+    finally:
+        for proc in consumers:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        await runner.cleanup()

@@ -1,0 +1,34 @@
+"""The error taxonomy shared by every process, and the named exit codes."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes, documented in the README."""
+
+    OK = 0
+    INCOMPLETE = 1  # the run did its work only in part: rows are left for the next run
+    CONFIG = 2  # bad setting, bad arguments or bad input file: nothing was done
+    UNAVAILABLE = 3  # a required server (database, broker) could not be reached
+
+
+class RelayError(Exception):
+    """Base of the errors this code raises on purpose."""
+
+
+class ConfigError(RelayError):
+    """A setting or argument is invalid. The message names it; exit 2."""
+
+
+class InputError(RelayError):
+    """An input file is invalid. The message names the line; exit 2, nothing loaded."""
+
+
+class UnavailableError(RelayError):
+    """The database or the broker cannot be reached."""
+
+
+class PublishError(RelayError):
+    """A publish was not confirmed (nacked, returned as unroutable, or timed out)."""

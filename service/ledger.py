@@ -1,0 +1,234 @@
+"""The ledger state machine: one typed function per transition over ``deliveries``.
+
+Each function runs one named statement from ``sql/queries.sql``. A transition that
+finds its row in another state does nothing and says so (an empty result), because
+"someone else won" is a normal answer in a system with redelivery and rescue.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from service.db import q
+
+# A connection (or pool proxy) to run one statement on; transactions need a connection.
+Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+Executor = Connection | asyncpg.Pool
+
+
+class State(enum.StrEnum):
+    """Mirrors the ``delivery_state`` enum of the database."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    SENDING = "sending"
+    RETRYING = "retrying"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+    SKIPPED = "skipped"
+
+
+FINAL_STATES = frozenset({State.DELIVERED, State.DEAD, State.SKIPPED})
+
+
+def schedule_key(reminder_id: str, occurrence_at: datetime, channel: str) -> str:
+    """The idempotency key of one occurrence: business identity, never discovery time."""
+    instant = occurrence_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"reminder:{reminder_id}:{instant}:{channel}"
+
+
+def outbox_key(key: str) -> str:
+    """The idempotency key of an outbox intent, namespaced apart from schedule keys."""
+    return f"outbox:{key}"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A row this consumer now holds in 'sending', with what the send needs."""
+
+    id: int
+    idempotency_key: str
+    reminder_id: str | None
+    channel: str
+    provider: str
+    occurrence_at: datetime
+    urgent: bool
+    attempts: int  # the attempt number this claim owns (the fence for the outcome write)
+    round_start: int  # attempts before the current round (a replay starts a new round)
+    run_id: int | None
+    prior_state: str
+    destination: str | None
+    payload: dict[str, Any] | None
+    payload_version: int | None
+    active: bool
+    stale_after_seconds: float | None
+    send_stale: bool
+
+    @property
+    def attempt_in_round(self) -> int:
+        return self.attempts - self.round_start
+
+
+@dataclass(frozen=True)
+class Unclaimable:
+    """A row a claim did not take, and why (its state, with the database's clock)."""
+
+    id: int
+    state: State
+    next_attempt_at: datetime | None
+    lease_expires_at: datetime | None
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt did, for ``delivery_attempts``."""
+
+    outcome: str  # accepted | retry | throttled | rejected | skipped
+    http_status: int | None = None
+    latency_ms: float | None = None
+    error: str | None = None
+    response_excerpt: str | None = None
+    payload_version: int | None = None
+    started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The new state of a claimed row after its attempt."""
+
+    id: int
+    attempt: int
+    state: State
+    next_attempt_at: datetime | None = None
+    status: int | None = None
+    error: str | None = None
+    receipt: str | None = None
+    skip_reason: str | None = None
+    record: Attempt | None = None
+
+
+def _clip(text: str | None, limit: int) -> str | None:
+    return None if text is None else text[:limit]
+
+
+async def claim(
+    conn: Connection, ids: Sequence[int], lease_seconds: float
+) -> tuple[dict[int, Claimed], dict[int, Unclaimable]]:
+    """Claim many rows at once; return those taken and, for the rest, why not."""
+    async with conn.transaction():
+        rows = await conn.fetch(q("claim"), list(ids), lease_seconds)
+        claimed = {r["id"]: Claimed(**dict(r)) for r in rows}
+        rest = [i for i in ids if i not in claimed]
+        others: dict[int, Unclaimable] = {}
+        if rest:
+            for r in await conn.fetch(q("unclaimable"), rest):
+                others[r["id"]] = Unclaimable(
+                    id=r["id"],
+                    state=State(r["state"]),
+                    next_attempt_at=r["next_attempt_at"],
+                    lease_expires_at=r["lease_expires_at"],
+                    now=r["now"],
+                )
+    return claimed, others
+
+
+async def complete(conn: Connection, completions: Sequence[Completion]) -> set[int]:
+    """Write outcomes and their attempt rows in one transaction; return the ids written.
+
+    An id missing from the result lost its lease to another claim: its attempt row is
+    still recorded (the send happened), its state is the other claimant's to write.
+    """
+    if not completions:
+        return set()
+    records = [c for c in completions if c.record is not None]
+    async with conn.transaction():
+        rows = await conn.fetch(
+            q("complete"),
+            [c.id for c in completions],
+            [c.attempt for c in completions],
+            [c.state.value for c in completions],
+            [c.next_attempt_at for c in completions],
+            [c.status for c in completions],
+            [_clip(c.error, 500) for c in completions],
+            [_clip(c.receipt, 500) for c in completions],
+            [c.skip_reason for c in completions],
+        )
+        if records:
+            await conn.execute(
+                q("record_attempts"),
+                [c.id for c in records],
+                [c.attempt for c in records],
+                [c.record.outcome for c in records if c.record],
+                [c.record.http_status for c in records if c.record],
+                [c.record.latency_ms for c in records if c.record],
+                [_clip(c.record.error, 500) for c in records if c.record],
+                [_clip(c.record.response_excerpt, 1000) for c in records if c.record],
+                [c.record.payload_version for c in records if c.record],
+                [c.record.started_at for c in records if c.record],
+            )
+    return {r["id"] for r in rows}
+
+
+@dataclass(frozen=True)
+class NewDelivery:
+    """One owed occurrence for ``insert_deliveries``."""
+
+    key: str
+    reminder_id: str
+    channel: str
+    provider: str
+    occurrence_at: datetime
+    urgent: bool
+    skip_reason: str | None = None
+
+
+async def insert_deliveries(
+    conn: Connection, rows: Sequence[NewDelivery], run_id: int
+) -> list[tuple[int, bool, State]]:
+    """Insert owed occurrences; existing keys insert nothing. Returns (id, urgent, state)."""
+    if not rows:
+        return []
+    result = await conn.fetch(
+        q("insert_deliveries"),
+        [r.key for r in rows],
+        [r.reminder_id for r in rows],
+        [r.channel for r in rows],
+        [r.provider for r in rows],
+        [r.occurrence_at for r in rows],
+        [r.urgent for r in rows],
+        [r.skip_reason for r in rows],
+        run_id,
+    )
+    return [(r["id"], r["urgent"], State(r["state"])) for r in result]
+
+
+async def mark_queued(executor: Executor, ids: Sequence[int]) -> None:
+    """pending -> queued, for ids whose publish the broker confirmed."""
+    if ids:
+        await executor.execute(q("mark_queued"), list(ids))
+
+
+async def select_pending(executor: Executor, after_id: int, limit: int) -> list[tuple[int, bool]]:
+    """A page of pending rows (id, urgent) after ``after_id``."""
+    rows = await executor.fetch(q("select_pending"), after_id, limit)
+    return [(r["id"], r["urgent"]) for r in rows]
+
+
+async def select_rescue(
+    executor: Executor, overdue_seconds: float, limit: int
+) -> list[tuple[int, bool]]:
+    """Rows whose message is presumed lost (see the query), oldest first."""
+    rows = await executor.fetch(q("select_rescue"), overdue_seconds, limit)
+    return [(r["id"], r["urgent"]) for r in rows]
+
+
+async def touch_published(executor: Executor, ids: Sequence[int]) -> None:
+    if ids:
+        await executor.execute(q("touch_published"), list(ids))

@@ -1,0 +1,210 @@
+"""Settings for every relay process, read from the environment (prefix ``RELAY_``).
+
+Each field documents its default and unit. ``load()`` turns a validation failure into
+``ConfigError`` with one line naming the setting; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+
+from service import errors
+
+
+class Settings(BaseSettings):
+    """All configuration. Environment variable = ``RELAY_`` + upper-cased field name."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELAY_",
+        extra="ignore",
+        frozen=True,
+        secrets_dir=None,
+    )
+
+    # --- connections -------------------------------------------------------------
+    database_url: SecretStr = Field(
+        default=SecretStr("postgresql://postgres@127.0.0.1:5432/postgres"),
+        description="PostgreSQL DSN (asyncpg). May carry credentials, so it is never logged.",
+    )
+    database_ssl: str = Field(
+        default="prefer",
+        description="PostgreSQL TLS mode: disable, prefer, require, verify-ca, verify-full.",
+    )
+    database_pool_size: int = Field(
+        default=10, ge=1, le=200, description="Connections in each process's pool."
+    )
+    amqp_url: SecretStr = Field(
+        default=SecretStr("amqp://guest:guest@127.0.0.1:5672/"),
+        description="RabbitMQ URL (use amqps:// for TLS). Never logged.",
+    )
+    amqp_namespace: str = Field(
+        default="relay",
+        pattern=r"^[a-z][a-z0-9_-]{0,40}$",
+        description="Prefix of every exchange and queue name (relay.work, relay.deliveries, ...).",
+    )
+    amqp_delivery_limit: int = Field(
+        default=20,
+        ge=1,
+        description="x-delivery-limit on the work queues: redeliveries before the broker "
+        "dead-letters a message that keeps crashing consumers (poison guard).",
+    )
+
+    # --- publisher ---------------------------------------------------------------
+    publish_batch_size: int = Field(
+        default=500, ge=1, le=10_000, description="Reminders locked per admission transaction."
+    )
+    publish_max_in_flight: int = Field(
+        default=1000, ge=1, le=20_000, description="Unconfirmed publishes allowed at once."
+    )
+    publish_confirm_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="How long to wait for one publisher confirm (s)."
+    )
+    misfire_grace_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="An occurrence older than this when discovered counts as missed (s).",
+    )
+    catch_up_limit: int = Field(
+        default=24, ge=1, description="Most missed occurrences one reminder may catch up."
+    )
+
+    # --- consumer ----------------------------------------------------------------
+    prefetch: int = Field(
+        default=200,
+        ge=1,
+        le=5000,
+        description="Unacked messages per consumer (deliveries in flight).",
+    )
+    lease_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long a claim holds a row in 'sending' before rescue may take it (s). "
+        "Must exceed the send timeout plus the longest budget wait.",
+    )
+    shutdown_grace_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        description="On SIGTERM, time to finish in-flight deliveries before closing (s). "
+        "Keep it below the pod's terminationGracePeriodSeconds.",
+    )
+    http_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="Total time for one provider request (s)."
+    )
+    http_connect_timeout_seconds: float = Field(
+        default=3.0, gt=0, description="Time to open a connection to a provider (s)."
+    )
+    write_batch_max: int = Field(
+        default=200, ge=1, le=5000, description="Most claims/outcomes grouped in one transaction."
+    )
+    health_host: str = Field(default="0.0.0.0", description="Address of the health endpoint.")
+    health_port: int = Field(
+        default=8081, ge=0, le=65535, description="Port of /livez, /readyz, /metrics (0: off)."
+    )
+
+    # --- retries ------------------------------------------------------------------
+    retry_base_seconds: float = Field(
+        default=30.0, gt=0, description="First retry delay before jitter (s)."
+    )
+    retry_multiplier: float = Field(
+        default=4.0, ge=1, description="Growth of the retry delay per attempt."
+    )
+    retry_max_seconds: float = Field(
+        default=6 * 3600.0, gt=0, description="Cap on one retry delay (s)."
+    )
+    retry_after_max_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Longest Retry-After honoured; longer ones are capped (s).",
+    )
+    max_attempts: int = Field(
+        default=8, ge=1, le=100, description="Attempts per delivery before it is dead."
+    )
+    max_attempts_per_channel: str = Field(
+        default="",
+        pattern=r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$",
+        description="Per-channel attempt budgets overriding max_attempts, e.g. 'sms=4,email=10'.",
+    )
+    delay_tiers_seconds: Annotated[list[float], NoDecode] = Field(
+        default=[1, 5, 30, 120, 600, 3600],
+        description="Delay-queue TTLs (s), comma-separated. A delay hops through the "
+        "largest tier not longer than what remains.",
+    )
+
+    # --- rescue -------------------------------------------------------------------
+    rescue_after_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="A queued/retrying row whose message should have arrived this long ago "
+        "is published again by rescue (s).",
+    )
+    rescue_batch_limit: int = Field(
+        default=5000, ge=1, description="Most rows one rescue pass republishes."
+    )
+
+    # --- channels -----------------------------------------------------------------
+    webhook_signing_secrets: Annotated[list[SecretStr], NoDecode] = Field(
+        default=[],
+        description="Standard Webhooks secrets (whsec_...), comma-separated; several during "
+        "rotation. Empty: requests are not signed.",
+    )
+    allow_networks: str = Field(
+        default="",
+        description="Comma-separated CIDRs that destinations may resolve to although not "
+        "public (e.g. 127.0.0.0/8 for local demos). Empty: only public addresses.",
+    )
+
+    crash_at: str = Field(
+        default="",
+        description="Testing only: SIGKILL the process at these named points "
+        "(after_send, after_write, after_publish).",
+    )
+
+    # --- demo / paths -------------------------------------------------------------
+    state_dir: Path = Field(
+        default=Path("var"), description="Where the demo writes logs and scratch files."
+    )
+
+    @field_validator("delay_tiers_seconds", mode="before")
+    @classmethod
+    def _split_tiers(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("delay_tiers_seconds")
+    @classmethod
+    def _tiers_valid(cls, value: list[float]) -> list[float]:
+        if not value or any(t <= 0 for t in value):
+            raise ValueError("needs one or more positive numbers of seconds")
+        return sorted(set(value))
+
+    @field_validator("webhook_signing_secrets", mode="before")
+    @classmethod
+    def _split_secrets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("database_ssl")
+    @classmethod
+    def _ssl_mode(cls, value: str) -> str:
+        modes = {"disable", "prefer", "require", "verify-ca", "verify-full", "allow"}
+        if value not in modes:
+            raise ValueError(f"must be one of {', '.join(sorted(modes))}")
+        return value
+
+
+def load(**overrides: object) -> Settings:
+    """Read settings from the environment; raise ConfigError naming the bad setting."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        raise errors.ConfigError(f"RELAY_{field.upper()}: {first['msg']}") from None
+    except SettingsError as exc:
+        raise errors.ConfigError(str(exc)) from None

@@ -1,0 +1,308 @@
+-- Every statement the relay runs, as named blocks ("-- name: x"). DDL lives in migrations/.
+-- A state transition is one conditional UPDATE: its WHERE clause is the state machine,
+-- and zero rows back means "someone else won", never an error.
+
+-- name: migrations_lock
+SELECT pg_advisory_xact_lock(72177001);
+
+-- name: migrations_table
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    text PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_applied
+SELECT version FROM schema_migrations ORDER BY version;
+
+-- name: migrations_record
+INSERT INTO schema_migrations (version) VALUES ($1);
+
+-- name: db_now
+SELECT now();
+
+---------------------------------------------------------------------------- reminders
+
+-- name: upsert_reminders
+-- Load a file: one row per reminder, replacing schedule and content. next_due_at is kept
+-- when the schedule did not change, so a re-load never re-fires an occurrence; a changed
+-- payload bumps payload_version, which the consumer records on the attempt.
+INSERT INTO reminders AS r (id, channel, destination, payload, schedule_kind, due_at, daily_at,
+                            cron, timezone, missed_policy, stale_after, send_stale, urgent,
+                            provider, active, next_due_at)
+SELECT t.id, t.channel, t.destination, t.payload, t.kind, t.due_at, t.daily_at, t.cron, t.tz,
+       t.policy, t.stale_after, t.send_stale, t.urgent, t.provider, true, t.next_due_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::timestamptz[],
+            $7::time[], $8::text[], $9::text[], $10::text[], $11::interval[], $12::bool[],
+            $13::bool[], $14::text[], $15::timestamptz[])
+     AS t(id, channel, destination, payload, kind, due_at, daily_at, cron, tz, policy,
+          stale_after, send_stale, urgent, provider, next_due_at)
+ON CONFLICT (id) DO UPDATE SET
+    channel = excluded.channel,
+    destination = excluded.destination,
+    payload = excluded.payload,
+    payload_version = r.payload_version
+        + (CASE WHEN r.payload IS DISTINCT FROM excluded.payload THEN 1 ELSE 0 END),
+    schedule_kind = excluded.schedule_kind,
+    due_at = excluded.due_at,
+    daily_at = excluded.daily_at,
+    cron = excluded.cron,
+    timezone = excluded.timezone,
+    missed_policy = excluded.missed_policy,
+    stale_after = excluded.stale_after,
+    send_stale = excluded.send_stale,
+    urgent = excluded.urgent,
+    provider = excluded.provider,
+    active = true,
+    next_due_at = CASE
+        WHEN (r.schedule_kind, r.due_at, r.daily_at, r.cron, r.timezone)
+             IS NOT DISTINCT FROM
+             (excluded.schedule_kind, excluded.due_at, excluded.daily_at, excluded.cron,
+              excluded.timezone)
+             AND r.active
+        THEN r.next_due_at
+        ELSE excluded.next_due_at END,
+    updated_at = now();
+
+-- name: list_reminders
+SELECT id, channel, schedule_kind, daily_at, cron, timezone, due_at, next_due_at, active, urgent,
+       missed_policy, payload_version
+FROM reminders
+WHERE ($1::text IS NULL OR id > $1)
+ORDER BY id
+LIMIT $2;
+
+-- name: get_reminder
+SELECT id, channel, schedule_kind, due_at, daily_at, cron, timezone, missed_policy, stale_after,
+       send_stale, urgent, provider, active, next_due_at, payload_version, created_at, updated_at
+FROM reminders WHERE id = $1;
+
+-- name: cancel_reminder
+-- Deactivate: no new occurrences; queued deliveries are skipped (cancelled) at send time.
+UPDATE reminders SET active = false, updated_at = now()
+WHERE id = $1 AND active
+RETURNING id;
+
+-- name: lock_due_reminders
+-- One admission batch. SKIP LOCKED lets overlapping publish runs share the work
+-- without waiting on each other's locks.
+SELECT id, channel, provider, urgent, schedule_kind, due_at, daily_at, cron, timezone,
+       missed_policy, next_due_at
+FROM reminders
+WHERE active AND next_due_at IS NOT NULL AND next_due_at <= $1
+ORDER BY next_due_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: oldest_due
+SELECT min(next_due_at) FROM reminders WHERE active AND next_due_at <= $1;
+
+-- name: advance_reminders
+UPDATE reminders AS r SET next_due_at = t.next_due_at, updated_at = now()
+FROM unnest($1::text[], $2::timestamptz[]) AS t(id, next_due_at)
+WHERE r.id = t.id;
+
+---------------------------------------------------------------------------- runs
+
+-- name: start_run
+INSERT INTO publish_runs (kind, intended_fire_at, host)
+VALUES ($1, $2, $3)
+RETURNING id, started_at;
+
+-- name: finish_run
+UPDATE publish_runs SET
+    status = $2, finished_at = now(), due_count = $3, created_count = $4, skipped_count = $5,
+    published_count = $6, rescued_count = $7, failed_count = $8, error = $9
+WHERE id = $1 AND status = 'running';
+
+-- name: admission_paused
+SELECT paused FROM admission;
+
+-- name: set_admission
+UPDATE admission SET paused = $1, changed_at = now(), changed_by = $2
+RETURNING paused;
+
+---------------------------------------------------------------------------- deliveries
+
+-- name: insert_deliveries
+-- The idempotency key is the business identity of an occurrence: a second discovery of
+-- the same occurrence inserts nothing. Missed occurrences are inserted already skipped.
+INSERT INTO deliveries (idempotency_key, reminder_id, channel, provider, occurrence_at, urgent,
+                        state, skip_reason, finished_at, run_id)
+SELECT t.key, t.reminder_id, t.channel, t.provider, t.occurrence_at, t.urgent,
+       (CASE WHEN t.skip_reason IS NULL THEN 'pending' ELSE 'skipped' END)::delivery_state,
+       t.skip_reason,
+       CASE WHEN t.skip_reason IS NULL THEN NULL ELSE now() END,
+       $8
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::bool[],
+            $7::text[])
+     AS t(key, reminder_id, channel, provider, occurrence_at, urgent, skip_reason)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, urgent, state;
+
+-- name: insert_outbox_intent
+-- The outbox API: runs inside the caller's own transaction.
+INSERT INTO deliveries (idempotency_key, source, channel, provider, destination, payload,
+                        occurrence_at, urgent)
+VALUES ($1, 'outbox', $2, $3, $4, $5, coalesce($6, now()), $7)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: select_pending
+-- Keyset pagination keeps each page small and the run's memory flat.
+SELECT id, urgent FROM deliveries
+WHERE state = 'pending' AND id > $1
+ORDER BY id
+LIMIT $2;
+
+-- name: mark_queued
+-- Only after the broker confirmed: pending -> queued. A row a consumer already claimed
+-- (its message overtook this update) is left alone.
+UPDATE deliveries SET state = 'queued', published_at = now()
+WHERE id = ANY($1::bigint[]) AND state = 'pending';
+
+-- name: claim
+-- Claim rows for sending: attempts + 1 and a lease. A 'sending' row whose lease expired
+-- was held by a consumer that died; its unknown attempt is recorded as 'lost'. Rows are
+-- locked in id order so concurrent batch claims cannot deadlock.
+WITH target AS (
+    SELECT id, state AS prior_state
+    FROM deliveries
+    WHERE id = ANY($1::bigint[])
+      AND (state IN ('pending', 'queued')
+           OR (state = 'retrying' AND next_attempt_at <= now())
+           OR (state = 'sending' AND lease_expires_at <= now()))
+    ORDER BY id
+    FOR UPDATE
+), claimed AS (
+    UPDATE deliveries AS d SET
+        state = 'sending',
+        attempts = d.attempts + 1,
+        lease_expires_at = now() + make_interval(secs => $2),
+        next_attempt_at = NULL,
+        first_attempt_at = coalesce(d.first_attempt_at, now()),
+        published_at = coalesce(d.published_at, now())
+    FROM target AS t
+    WHERE d.id = t.id
+    RETURNING d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
+              d.destination, d.payload, d.occurrence_at, d.urgent, d.attempts, d.round_start,
+              d.run_id, t.prior_state
+), lost AS (
+    INSERT INTO delivery_attempts (delivery_id, attempt, outcome, error)
+    SELECT id, attempts - 1, 'lost', 'lease expired before an outcome was written'
+    FROM claimed WHERE prior_state = 'sending' AND attempts > 1
+    ON CONFLICT DO NOTHING
+)
+SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurrence_at,
+       c.urgent, c.attempts, c.round_start, c.run_id, c.prior_state::text AS prior_state,
+       coalesce(c.destination, r.destination) AS destination,
+       coalesce(c.payload, r.payload) AS payload,
+       r.payload_version,
+       (c.source = 'outbox' OR coalesce(r.active, false)) AS active,
+       extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
+       coalesce(r.send_stale, false) AS send_stale
+FROM claimed AS c LEFT JOIN reminders AS r ON r.id = c.reminder_id;
+
+-- name: unclaimable
+-- Why the rows a claim did not take were not claimable, with the database's clock.
+SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now
+FROM deliveries
+WHERE id = ANY($1::bigint[]);
+
+-- name: complete
+-- Write outcomes of many attempts at once. The fence (state 'sending' and the attempt
+-- number this consumer claimed) makes a late writer whose lease was taken over a no-op.
+UPDATE deliveries AS d SET
+    state = o.state,
+    next_attempt_at = o.next_attempt_at,
+    lease_expires_at = NULL,
+    last_status = o.status,
+    last_error = o.error,
+    receipt = coalesce(o.receipt, d.receipt),
+    skip_reason = o.skip_reason,
+    finished_at = CASE WHEN o.state IN ('delivered', 'dead', 'skipped') THEN now() END
+FROM unnest($1::bigint[], $2::int[], $3::delivery_state[], $4::timestamptz[], $5::int[],
+            $6::text[], $7::text[], $8::text[])
+     AS o(id, attempt, state, next_attempt_at, status, error, receipt, skip_reason)
+WHERE d.id = o.id AND d.state = 'sending' AND d.attempts = o.attempt
+RETURNING d.id;
+
+-- name: record_attempts
+-- History of every attempt; a late real outcome replaces a 'lost' placeholder.
+INSERT INTO delivery_attempts (delivery_id, attempt, outcome, http_status, latency_ms, error,
+                               response_excerpt, payload_version, started_at)
+SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::float8[], $6::text[],
+                     $7::text[], $8::int[], $9::timestamptz[])
+ON CONFLICT (delivery_id, attempt) DO UPDATE SET
+    outcome = excluded.outcome, http_status = excluded.http_status,
+    latency_ms = excluded.latency_ms, error = excluded.error,
+    response_excerpt = excluded.response_excerpt, payload_version = excluded.payload_version,
+    started_at = excluded.started_at, finished_at = now();
+
+-- name: select_rescue
+-- Rows whose message should have arrived long ago: lost by the broker, purged, or held by
+-- a consumer that died. Oldest first, bounded.
+SELECT id, urgent FROM deliveries
+WHERE (state = 'queued' AND published_at < now() - make_interval(secs => $1))
+   OR (state = 'retrying' AND next_attempt_at < now() - make_interval(secs => $1))
+   OR (state = 'sending' AND lease_expires_at < now())
+ORDER BY id
+LIMIT $2;
+
+-- name: touch_published
+-- After a rescue publish was confirmed: restart the rescue clock of still-queued rows.
+UPDATE deliveries SET published_at = now()
+WHERE id = ANY($1::bigint[]) AND state = 'queued';
+
+-- name: get_delivery_state
+SELECT id, state::text AS state FROM deliveries WHERE id = $1;
+
+---------------------------------------------------------------------------- status
+
+-- name: runs_recent
+SELECT id, kind, status, intended_fire_at, started_at, finished_at, due_count, created_count,
+       skipped_count, published_count, rescued_count, failed_count, error
+FROM publish_runs
+WHERE ($1::bigint IS NULL OR id = $1)
+ORDER BY id DESC
+LIMIT $2;
+
+-- name: latest_publish_run
+SELECT max(id) FROM publish_runs WHERE kind = 'publish' AND status <> 'paused';
+
+-- name: run_state_counts
+SELECT run_id, state::text AS state, coalesce(skip_reason, '') AS skip_reason, count(*) AS n,
+       min(CASE WHEN state = 'pending' THEN created_at END) AS oldest_pending
+FROM deliveries
+WHERE run_id = ANY($1::bigint[])
+GROUP BY run_id, state, skip_reason;
+
+-- name: overall_state_counts
+SELECT state::text AS state, count(*) AS n FROM deliveries GROUP BY state;
+
+-- name: oldest_claimable_age
+-- Age of the oldest row that could be worked now (not rows waiting for their retry time).
+SELECT extract(epoch FROM now() - min(coalesce(published_at, created_at)))::float8
+FROM deliveries
+WHERE state IN ('pending', 'queued')
+   OR (state = 'retrying' AND next_attempt_at <= now());
+
+-- name: run_missing
+-- Who did not get it: every delivery of the run not delivered yet (or never).
+SELECT d.id, d.reminder_id, d.channel, d.state::text AS state, d.last_status, d.last_error,
+       d.next_attempt_at, d.skip_reason, d.attempts, d.occurrence_at
+FROM deliveries AS d
+WHERE d.run_id = $1 AND d.state <> 'delivered'
+ORDER BY d.id
+LIMIT $2;
+
+-- name: open_count
+-- Deliveries with work left (the demo waits for zero).
+SELECT count(*) FROM deliveries WHERE state IN ('pending', 'queued', 'sending', 'retrying');
+
+---------------------------------------------------------------------------- demo
+
+-- name: demo_drop_database
+DROP DATABASE IF EXISTS relay_demo WITH (FORCE);
+
+-- name: demo_create_database
+CREATE DATABASE relay_demo;

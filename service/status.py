@@ -1,0 +1,157 @@
+"""``relay status``: the run report, from the ledger alone.
+
+Per run: intended fire time, scheduler lag, what was due, delivered, retrying, dead,
+skipped (by reason), the completion ratio and the oldest pending age; and, with
+``--missing``, who did not get it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from service import db
+
+
+@dataclass
+class RunReport:
+    run_id: int
+    kind: str
+    status: str
+    intended_fire_at: datetime
+    started_at: datetime
+    finished_at: datetime | None
+    lag_seconds: float
+    due: int
+    created: int
+    published: int
+    rescued: int
+    failed_to_publish: int
+    states: dict[str, int] = field(default_factory=dict)
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    oldest_pending_seconds: float | None = None
+
+    @property
+    def delivered(self) -> int:
+        return self.states.get("delivered", 0)
+
+    @property
+    def completion_ratio(self) -> float | None:
+        """Delivered + deliberately skipped, over everything the run created."""
+        total = sum(self.states.values())
+        if total == 0:
+            return None
+        return (self.delivered + self.states.get("skipped", 0)) / total
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["delivered"] = self.delivered
+        data["completion_ratio"] = self.completion_ratio
+        return data
+
+
+async def run_reports(
+    pool: asyncpg.Pool, run_id: int | None, count: int, now: datetime
+) -> list[RunReport]:
+    runs = await pool.fetch(db.q("runs_recent"), run_id, count)
+    reports = {
+        r["id"]: RunReport(
+            run_id=r["id"],
+            kind=r["kind"],
+            status=r["status"],
+            intended_fire_at=r["intended_fire_at"],
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+            lag_seconds=(r["started_at"] - r["intended_fire_at"]).total_seconds(),
+            due=r["due_count"],
+            created=r["created_count"],
+            published=r["published_count"],
+            rescued=r["rescued_count"],
+            failed_to_publish=r["failed_count"],
+        )
+        for r in runs
+    }
+    for row in await pool.fetch(db.q("run_state_counts"), list(reports)):
+        report = reports[row["run_id"]]
+        report.states[row["state"]] = report.states.get(row["state"], 0) + row["n"]
+        if row["state"] == "skipped":
+            report.skipped_by_reason[row["skip_reason"]] = row["n"]
+        if row["oldest_pending"] is not None:
+            report.oldest_pending_seconds = (now - row["oldest_pending"]).total_seconds()
+    return list(reports.values())
+
+
+async def overall(pool: asyncpg.Pool) -> dict[str, Any]:
+    counts = {r["state"]: r["n"] for r in await pool.fetch(db.q("overall_state_counts"))}
+    oldest = await pool.fetchval(db.q("oldest_claimable_age"))
+    return {"states": counts, "oldest_claimable_seconds": oldest}
+
+
+async def missing(pool: asyncpg.Pool, run_id: int, limit: int) -> list[dict[str, Any]]:
+    rows = await pool.fetch(db.q("run_missing"), run_id, limit)
+    return [dict(r) for r in rows]
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def render_table(reports: list[RunReport], totals: dict[str, Any]) -> str:
+    """A readable report for people."""
+    header = (
+        f"{'run':>5} {'status':<10} {'intended (UTC)':<17} {'lag s':>7} {'due':>6} "
+        f"{'delivered':>9} {'retrying':>8} {'dead':>5} {'skipped':>7} {'pending':>7} "
+        f"{'complete':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in reports:
+        open_ = sum(r.states.get(s, 0) for s in ("pending", "queued", "sending"))
+        lines.append(
+            f"{r.run_id:>5} {r.status:<10} {r.intended_fire_at:%Y-%m-%d %H:%M}  "
+            f"{r.lag_seconds:>7.1f} {r.due:>6} {r.delivered:>9} "
+            f"{r.states.get('retrying', 0):>8} {r.states.get('dead', 0):>5} "
+            f"{r.states.get('skipped', 0):>7} {open_:>7} {_fmt_ratio(r.completion_ratio):>8}"
+        )
+        if r.skipped_by_reason:
+            reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.skipped_by_reason.items()))
+            lines.append(f"{'':>5} skipped by reason: {reasons}")
+        if r.oldest_pending_seconds is not None:
+            lines.append(f"{'':>5} oldest pending: {r.oldest_pending_seconds:.0f} s")
+    states = totals["states"]
+    summary = ", ".join(f"{k}={states[k]}" for k in sorted(states)) or "no deliveries"
+    lines.append("")
+    lines.append(f"all deliveries: {summary}")
+    oldest = totals["oldest_claimable_seconds"]
+    lines.append(
+        "oldest claimable delivery: " + ("none" if oldest is None else f"{oldest:.0f} s old")
+    )
+    return "\n".join(lines)
+
+
+def render_missing(run_id: int, rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return f"run {run_id}: every delivery was delivered"
+    header = (
+        f"{'delivery':>9} {'reminder':<24} {'channel':<8} {'state':<9} {'last':>5} "
+        f"{'attempts':>8}  next attempt / reason"
+    )
+    lines = [f"run {run_id}: {len(rows)} not delivered", header, "-" * len(header)]
+    for r in rows:
+        why = (
+            f"{r['next_attempt_at']:%Y-%m-%d %H:%M:%S}"
+            if r["next_attempt_at"]
+            else (r["skip_reason"] or r["last_error"] or "")
+        )
+        lines.append(
+            f"{r['id']:>9} {str(r['reminder_id'])[:24]:<24} {r['channel']:<8} "
+            f"{r['state']:<9} {r['last_status'] or '-':>5} {r['attempts']:>8}  {why}"
+        )
+    return "\n".join(lines)
+
+
+def to_json(data: Any) -> str:
+    return json.dumps(data, default=str, indent=2, sort_keys=True)

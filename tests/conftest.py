@@ -1,0 +1,148 @@
+"""Fixtures shared by every test: real PostgreSQL, real RabbitMQ, real HTTP on 127.0.0.1.
+
+Each test gets its own database (cloned from a migrated template, so it is fast) and its
+own broker namespace (every exchange and queue name prefixed), removed afterwards. A
+missing server fails the run: it is never a skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+import pytest
+
+from service import amqp, db
+from service import partner as partner_mod
+from service.settings import Settings
+from tests.support import relay as relay_support
+
+BASE_DB_URL = os.environ.get("RELAY_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+AMQP_URL = os.environ.get("RELAY_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+TEMPLATE = "relay_test_template"
+SECRET = "whsec_" + base64.b64encode(b"reminder-relay-test-secret-0001").decode()
+
+
+def _db_url(name: str) -> str:
+    return urlunsplit(urlsplit(BASE_DB_URL)._replace(path=f"/{name}"))
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or default_port), 3
+        ):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def servers_up() -> None:
+    missing = [
+        name
+        for name, url, port in (("PostgreSQL", BASE_DB_URL, 5432), ("RabbitMQ", AMQP_URL, 5672))
+        if not _reachable(url, port)
+    ]
+    if missing:
+        pytest.fail(f"{' and '.join(missing)} not reachable: run `scripts/services up` first")
+
+
+@pytest.fixture(scope="session")
+def template_db(servers_up: None) -> str:
+    """A database migrated once per session, cloned by each test."""
+
+    async def build() -> None:
+        admin = await asyncpg.connect(BASE_DB_URL)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+            await admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
+        finally:
+            await admin.close()
+        pool = await asyncpg.create_pool(_db_url(TEMPLATE), min_size=1, max_size=1)
+        try:
+            await db.migrate(pool)
+        finally:
+            await pool.close()
+
+    asyncio.run(build())
+    return TEMPLATE
+
+
+@pytest.fixture
+def db_name(template_db: str) -> Iterator[str]:
+    name = f"relay_t_{uuid.uuid4().hex[:12]}"
+
+    async def run(sql: str) -> None:
+        admin = await asyncpg.connect(BASE_DB_URL)
+        try:
+            await admin.execute(sql)
+        finally:
+            await admin.close()
+
+    asyncio.run(run(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
+    yield name
+    asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def namespace(servers_up: None) -> Iterator[str]:
+    ns = f"t{uuid.uuid4().hex[:10]}"
+    yield ns
+
+    async def cleanup() -> None:
+        connection = await aio_pika.connect(AMQP_URL)
+        async with connection:
+            channel = await connection.channel()
+            topology = amqp.Topology.from_settings(Settings(amqp_namespace=ns))
+            for tiers in (topology.delay_tiers_seconds, (0.5, 1.0, 2.0, 5.0)):
+                await amqp.delete_topology(
+                    channel, amqp.Topology(ns, tuple(tiers), topology.delivery_limit)
+                )
+
+    asyncio.run(cleanup())
+
+
+@pytest.fixture
+def settings(db_name: str, namespace: str, tmp_path: object) -> Settings:
+    """Settings for one test: its own database and namespace, loopback allowed,
+    short delays so retries happen in seconds."""
+    return Settings(
+        database_url=_db_url(db_name),  # type: ignore[arg-type]
+        amqp_url=AMQP_URL,  # type: ignore[arg-type]
+        amqp_namespace=namespace,
+        allow_networks="127.0.0.0/8",
+        webhook_signing_secrets=[SECRET],  # type: ignore[list-item]
+        delay_tiers_seconds=[0.5, 1.0, 2.0, 5.0],
+        retry_base_seconds=0.5,
+        retry_multiplier=2.0,
+        retry_max_seconds=5.0,
+        lease_seconds=3.0,
+        health_port=0,
+        shutdown_grace_seconds=10.0,
+        rescue_after_seconds=30.0,
+        state_dir=tmp_path,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+async def pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
+    p = await db.create_pool(settings, size=4)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def partner() -> AsyncIterator[relay_support.RunningPartner]:
+    state = partner_mod.Partner(verify_secret=SECRET)
+    runner, port = await partner_mod.start(state)
+    yield relay_support.RunningPartner(state, port)
+    await runner.cleanup()

@@ -1,0 +1,189 @@
+"""Test helpers: run relay commands as real processes, wait on predicates, build inputs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from pydantic import SecretStr
+
+from consumer import run as consume_run
+from service import amqp, netpolicy, reminders, telemetry
+from service import partner as partner_mod
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RunningPartner:
+    state: partner_mod.Partner
+    port: int
+
+    def url(self, path: str = "ok") -> str:
+        return f"http://127.0.0.1:{self.port}/hooks/{path}"
+
+
+def env_for(settings: Settings, **extra: str) -> dict[str, str]:
+    """The RELAY_* environment that reproduces ``settings`` in a subprocess."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    for name, value in settings.model_dump().items():
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, list):
+            value = ",".join(
+                v.get_secret_value() if isinstance(v, SecretStr) else str(v) for v in value
+            )
+        env[f"RELAY_{name.upper()}"] = str(value)
+    env.update({f"RELAY_{k.upper()}": v for k, v in extra.items()})
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+async def relay(
+    settings: Settings, *args: str, timeout: float = 60, stdin: str | None = None, **extra_env: str
+) -> Result:
+    """Run ``relay ARGS`` as a subprocess and wait for it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "service.cli",
+        *args,
+        env=env_for(settings, **extra_env),
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    out, err = await asyncio.wait_for(
+        proc.communicate(stdin.encode() if stdin is not None else None), timeout
+    )
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+async def start_consumer(
+    settings: Settings, log_path: Path | None = None, **extra_env: str
+) -> asyncio.subprocess.Process:
+    """Start ``relay consume`` as a subprocess (kill it with SIGKILL or SIGTERM)."""
+    stderr = open(log_path, "ab") if log_path else asyncio.subprocess.DEVNULL
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "service.cli",
+        "consume",
+        env=env_for(settings, **extra_env),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=stderr,
+        cwd=REPO,
+    )
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]],
+    timeout: float,
+    what: str = "condition",
+    interval: float = 0.1,
+) -> None:
+    """Poll ``predicate`` until true; fail the test with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@dataclass
+class InProcessConsumer:
+    task: asyncio.Task[int]
+    reader: InMemoryMetricReader
+
+    def metric(self, name: str, **attributes: str) -> float:
+        """Sum of a counter's points whose attributes include ``attributes``."""
+        data = self.reader.get_metrics_data()
+        total = 0.0
+        for resource in data.resource_metrics if data else []:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        attrs = dict(point.attributes or {})
+                        if all(attrs.get(k) == v for k, v in attributes.items()):
+                            total += getattr(point, "value", 0) or getattr(point, "count", 0)
+        return total
+
+
+@asynccontextmanager
+async def consumer_in_process(settings: Settings) -> AsyncIterator[InProcessConsumer]:
+    """Run a consumer in this event loop, metrics readable; stopped gracefully on exit."""
+    stop = asyncio.Event()
+    reader = InMemoryMetricReader()
+    telem = telemetry.setup("relay-test", [reader])
+    task = asyncio.create_task(consume_run.run(settings, metrics=telem.metrics, stop=stop))
+    try:
+        await wait_for(lambda: topology_declared(settings), 20, "consumer declared topology")
+        yield InProcessConsumer(task, reader)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        telem.shutdown()
+
+
+async def topology_declared(settings: Settings) -> bool:
+    """True once the lane queues exist (a consumer or publisher declared them)."""
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        try:
+            await channel.declare_queue(
+                amqp.Topology.from_settings(settings).lane_queue(amqp.BULK), passive=True
+            )
+        except aio_pika.exceptions.ChannelClosed:
+            return False
+    return True
+
+
+def line(
+    reminder_id: str, destination: str, *, due_at: datetime | None = None, **fields: Any
+) -> str:
+    """One reminders-file line (a one-shot due now unless a schedule is given)."""
+    data: dict[str, Any] = {
+        "id": reminder_id,
+        "channel": "webhook",
+        "destination": destination,
+        "payload": {"text": f"hello {reminder_id}"},
+    }
+    if not any(k in fields for k in ("daily_at", "cron")):
+        data["due_at"] = (due_at or datetime.now(UTC)).isoformat()
+    data.update(fields)
+    return json.dumps(data)
+
+
+async def load(pool: asyncpg.Pool, lines: list[str]) -> int:
+    return await reminders.load(pool, lines, netpolicy.parse_networks("127.0.0.0/8"))
+
+
+async def states(pool: asyncpg.Pool) -> dict[str, int]:
+    rows = await pool.fetch("SELECT state::text AS s, count(*) AS n FROM deliveries GROUP BY 1")
+    return {r["s"]: r["n"] for r in rows}
