@@ -1,0 +1,218 @@
+"""Email adapter for an HTTP email API shaped like Resend's ``POST /emails``.
+
+Owns the request shape, the mapping from ``SendRequest`` to it, and the
+classification of the provider's answer. One attempt is one POST.
+
+Request::
+
+    POST {base_url}/emails
+    Authorization: Bearer <api_key>
+    Idempotency-Key: <idempotency key>
+    Content-Type: application/json
+
+    {"from": <sender>, "to": [<destination>], "subject": ..., "text": ..., "html": ...}
+
+``SendRequest.destination`` is the recipient address. ``SendRequest.payload``
+keys (anything else is ignored):
+
+* ``subject`` (str, required, non-empty, single line)
+* ``text`` (str, required): the plain-text body
+* ``html`` (str, optional): an HTML alternative
+
+Resend honours ``Idempotency-Key`` for 24 hours: a retry with the same key and
+same body returns the original answer without sending again, so a timeout
+retry does not produce a second email inside that window.
+
+A 2xx answer ``{"id": "..."}`` gives the receipt. Errors
+``{"statusCode": 422, "name": "validation_error", "message": "..."}`` are
+reported by ``name`` only: provider messages can quote the recipient address,
+so they are never copied into an Outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+import aiohttp
+from pydantic import SecretStr
+
+from consumer.channels.base import Outcome, OutcomeKind, SendRequest
+from consumer.channels.http import (
+    HttpReply,
+    SharedSession,
+    check_positive,
+    classify_status,
+    excerpt,
+    parse_retry_after,
+    post_bounded,
+    safe_token,
+    secret_value,
+    transport_outcome,
+    try_json_object,
+)
+from service.netpolicy import url_problem
+
+__all__ = ["EmailChannel", "EmailConfig"]
+
+# Deliberately loose: the provider validates addresses properly. We only keep
+# out things that could change the request's meaning (lists, CR/LF, brackets).
+_ADDRESS = re.compile(r"[^@\s<>,;\"]{1,64}@[^@\s<>,;\"]{1,255}")
+_KEY = re.compile(r"[\x21-\x7e]{1,256}")  # Resend: 1-256 chars
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmailConfig:
+    """Settings for ``EmailChannel``. The API key is excluded from repr."""
+
+    api_key: SecretStr | str = field(repr=False)
+    sender: str  # "Reminders <reminders@example.com>"; domain must be verified at the provider
+    base_url: str = "https://api.resend.com"
+    timeout_seconds: float = 10.0
+    connect_timeout_seconds: float = 3.0
+    max_request_bytes: int = 512 * 1024
+    max_response_bytes: int = 16 * 1024
+    max_response_excerpt_bytes: int = 512
+    user_agent: str = "reminder-relay-email/1"
+    connection_limit: int = 20
+    trust_env: bool = False  # honour HTTP(S)_PROXY for the provider connection
+
+    def __post_init__(self) -> None:
+        if not secret_value(self.api_key):
+            raise ValueError("api_key is required")
+        if not self.sender.strip() or "\r" in self.sender or "\n" in self.sender:
+            raise ValueError("sender must be a non-empty single line")
+        problem = url_problem(self.base_url)
+        if problem is not None:
+            raise ValueError(f"base_url: {problem}")
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        check_positive(
+            self,
+            "timeout_seconds",
+            "connect_timeout_seconds",
+            "max_request_bytes",
+            "max_response_bytes",
+            "connection_limit",
+        )
+        if not 0 <= self.max_response_excerpt_bytes <= self.max_response_bytes:
+            raise ValueError("max_response_excerpt_bytes must be within 0..max_response_bytes")
+
+
+def _rejected(error: str) -> Outcome:
+    return Outcome(kind=OutcomeKind.REJECTED, error=error)
+
+
+def _build_message(sender: str, request: SendRequest) -> dict[str, object] | str:
+    """The JSON body, or a rejection reason naming the offending payload key."""
+    payload = request.payload
+    message: dict[str, object] = {"from": sender, "to": [request.destination]}
+    for key in ("subject", "text"):
+        if key not in payload:
+            return f"payload missing '{key}'"
+        if not isinstance(payload[key], str):
+            return f"payload invalid '{key}'"
+    subject: str = payload["subject"]
+    if not subject.strip() or "\r" in subject or "\n" in subject:
+        return "payload invalid 'subject'"
+    message["subject"] = subject
+    message["text"] = payload["text"]
+    html = payload.get("html")
+    if html is not None:
+        if not isinstance(html, str):
+            return "payload invalid 'html'"
+        message["html"] = html
+    return message
+
+
+class EmailChannel:
+    """Channel adapter for a Resend-style email API, sharing one ClientSession."""
+
+    name: str = "email"
+
+    def __init__(self, config: EmailConfig) -> None:
+        self._config = config
+        self._url = f"{config.base_url}/emails"
+        self._session = SharedSession(
+            timeout_seconds=config.timeout_seconds,
+            connect_timeout_seconds=config.connect_timeout_seconds,
+            connection_limit=config.connection_limit,
+            trust_env=config.trust_env,
+        )
+
+    async def send(self, request: SendRequest) -> Outcome:
+        """POST one email and classify the answer; never raises for failures."""
+        cfg = self._config
+        if not _ADDRESS.fullmatch(request.destination):
+            return _rejected("invalid recipient address")
+        if not _KEY.fullmatch(request.idempotency_key):
+            return _rejected("invalid idempotency key")
+        message = _build_message(cfg.sender, request)
+        if isinstance(message, str):
+            return _rejected(message)
+        data = json.dumps(message, ensure_ascii=False).encode("utf-8")
+        if len(data) > cfg.max_request_bytes:
+            return _rejected("payload too large")
+
+        headers = {
+            "Authorization": f"Bearer {secret_value(cfg.api_key)}",
+            "Idempotency-Key": request.idempotency_key,
+            "Content-Type": "application/json",
+            "User-Agent": cfg.user_agent,
+        }
+        try:
+            reply = await post_bounded(
+                self._session.get(),
+                self._url,
+                max_response_bytes=cfg.max_response_bytes,
+                data=data,
+                headers=headers,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return transport_outcome(exc)
+        return self._classify(reply)
+
+    def _classify(self, reply: HttpReply) -> Outcome:
+        cfg = self._config
+        parsed = try_json_object(reply.body.data)
+        status = reply.status
+        if 200 <= status < 300:
+            message_id = safe_token(parsed.get("id")) if parsed else None
+            # The success body is not excerpted: it is the provider's record of
+            # our message and may echo recipient data.
+            return Outcome(
+                kind=OutcomeKind.ACCEPTED,
+                http_status=status,
+                receipt=message_id or f"http {status}",
+            )
+
+        name = safe_token(parsed.get("name"), 64) if parsed else None
+        # Structured provider errors are summarised by name only (their
+        # messages may quote addresses); a non-JSON body is a gateway page.
+        text = (
+            name if parsed is not None else excerpt(reply.body.data, cfg.max_response_excerpt_bytes)
+        )
+        now = datetime.now(UTC)
+        outcome = classify_status(
+            status,
+            reply.headers,
+            now=now,
+            response_excerpt=text,
+            detail=f"resend {name}" if name else None,
+            extra={"provider_error": name} if name else None,
+        )
+        if status == 429 and outcome.retry_after_seconds is None:
+            # Resend also sends ratelimit-reset (seconds until the window resets).
+            reset = parse_retry_after(reply.headers.get("ratelimit-reset"), now)
+            if reset is not None:
+                return replace(outcome, retry_after_seconds=reset)
+        if status == 409 and name == "concurrent_idempotent_requests":
+            # The original request with this key is still in flight: not a
+            # rejection, retry later and receive the original's answer.
+            return replace(outcome, kind=OutcomeKind.RETRY)
+        return outcome
+
+    async def close(self) -> None:
+        """Close the shared session; safe to call twice."""
+        await self._session.close()

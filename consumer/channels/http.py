@@ -1,0 +1,297 @@
+"""Shared plumbing for the HTTP channel adapters (webhook, email, SMS).
+
+Owns the parts every HTTP adapter must do the same way: parsing Retry-After,
+reading a response body within a byte budget, turning bytes into a bounded
+log-safe excerpt, classifying a status code into an ``Outcome``, and mapping
+transport exceptions (timeouts, refused connections) to retryable outcomes.
+
+Provider specifics (request shape, receipts, error names) stay in the adapters.
+Nothing here logs, and nothing here ever sees a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import aiohttp
+from pydantic import SecretStr
+
+from consumer.channels.base import Outcome, OutcomeKind
+
+__all__ = [
+    "BoundedBody",
+    "HttpReply",
+    "SharedSession",
+    "check_positive",
+    "classify_status",
+    "excerpt",
+    "parse_retry_after",
+    "post_bounded",
+    "read_bounded",
+    "safe_token",
+    "secret_value",
+    "transport_outcome",
+    "try_json_object",
+]
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """Seconds to wait according to a Retry-After header value, or None.
+
+    Accepts delta-seconds (``"120"``) and an HTTP-date
+    (``"Wed, 21 Oct 2015 07:28:00 GMT"``); a date in the past means 0. Anything
+    unparseable, negative or non-finite yields None, leaving the delay to the
+    retry policy. No upper cap is applied here: clamping is policy, not parsing.
+    A naive ``now`` is taken to be UTC.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+        return seconds if math.isfinite(seconds) else None
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)  # RFC 9110 dates are always GMT
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+@dataclass(frozen=True)
+class BoundedBody:
+    """At most ``limit`` bytes of a response body and how the read ended."""
+
+    data: bytes
+    truncated: bool  # the body had more than the limit; the rest was not read
+    complete: bool  # False if the read failed part way (timeout, disconnect)
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> BoundedBody:
+    """Read at most ``limit`` bytes of the body, never more.
+
+    Reading stops at the limit (one extra byte tells us whether there was more),
+    so a huge or endless body cannot exhaust memory. A transport failure while
+    reading the body does not raise: the status line has already arrived and
+    decides the outcome, so we keep what we have.
+    """
+    chunks: list[bytes] = []
+    total = 0
+    complete = True
+    try:
+        while total <= limit:
+            chunk = await response.content.read(limit + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except (TimeoutError, aiohttp.ClientError):
+        complete = False
+    data = b"".join(chunks)
+    return BoundedBody(data=data[:limit], truncated=len(data) > limit, complete=complete)
+
+
+def excerpt(data: bytes, limit: int) -> str | None:
+    """A log-safe excerpt: at most ``limit`` bytes, decoded with errors='replace'.
+
+    Cutting may split a multi-byte character; that becomes U+FFFD rather than an
+    error. Control characters other than tab/newline are replaced too, so an
+    excerpt cannot forge log lines or terminal escapes.
+    """
+    if limit <= 0 or not data:
+        return None
+    text = data[:limit].decode("utf-8", errors="replace")
+    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "\ufffd", text)
+
+
+def try_json_object(data: bytes) -> dict[str, Any] | None:
+    """Parse ``data`` as a JSON object, or None if it is not one."""
+    try:
+        parsed = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+_TOKEN_UNSAFE = re.compile(r"[^A-Za-z0-9._:/+=-]")
+
+
+def safe_token(value: object, max_len: int = 128) -> str | None:
+    """A provider identifier (message id, error name) reduced to safe characters.
+
+    Provider ids are opaque tokens; anything outside a conservative alphabet is
+    dropped so a hostile or buggy response cannot inject text into our records.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    cleaned = _TOKEN_UNSAFE.sub("", str(value))[:max_len]
+    return cleaned or None
+
+
+def classify_status(
+    status: int,
+    headers: Mapping[str, str],
+    *,
+    now: datetime,
+    response_excerpt: str | None = None,
+    detail: str | None = None,
+    gone_disables: bool = False,
+    extra: Mapping[str, str] | None = None,
+) -> Outcome:
+    """Classify a non-2xx status the same way for every HTTP adapter.
+
+    ``detail`` (e.g. ``"resend validation_error"``, ``"twilio 21211"``)
+    replaces the generic ``"http 400"`` error text; it must already be
+    log-safe. The status is always in ``Outcome.http_status``.
+    ``gone_disables`` makes 410 disable the destination: right for a partner
+    URL, wrong for a provider API endpoint whose 410 says nothing about the
+    recipient.
+    """
+    error = f"http {status}" if detail is None else detail
+    more = dict(extra or {})
+    retry_after = parse_retry_after(headers.get("Retry-After"), now)
+
+    def outcome(kind: OutcomeKind, err: str, **kw: Any) -> Outcome:
+        return Outcome(
+            kind=kind,
+            http_status=status,
+            error=err,
+            response_excerpt=response_excerpt,
+            extra=more,
+            **kw,
+        )
+
+    if 300 <= status < 400:
+        # Following would hand the destination choice to the remote side
+        # (and the Location header could name an internal address).
+        return outcome(OutcomeKind.REJECTED, "redirect not followed")
+    if status == 429:
+        return outcome(OutcomeKind.THROTTLED, error, retry_after_seconds=retry_after)
+    if status in (408, 425) or 500 <= status < 600:
+        return outcome(OutcomeKind.RETRY, error, retry_after_seconds=retry_after)
+    if status == 410 and gone_disables:
+        return outcome(
+            OutcomeKind.REJECTED, "410 gone: destination disabled", disable_destination=True
+        )
+    if 400 <= status < 500:
+        return outcome(OutcomeKind.REJECTED, error)
+    # 1xx leaking through or a non-standard code: we cannot tell whether the
+    # request was processed, so retry with the same key rather than drop it.
+    return outcome(OutcomeKind.RETRY, f"http {status}: unexpected status")
+
+
+def transport_outcome(exc: BaseException) -> Outcome:
+    """Map a transport failure to a RETRY outcome.
+
+    ``extra["possibly_delivered"]`` is "false" only when the failure happened
+    before any byte of the request could reach the server (connect failures);
+    otherwise the provider may have acted on it, and the retry reuses the key.
+    The error text is a fixed phrase plus the exception type, never the
+    exception message (aiohttp puts the URL and host into those).
+    """
+    kind = type(exc).__name__
+    connect_phase = isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+    possibly = "false" if connect_phase else "true"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        error = "dns error"
+    elif isinstance(exc, aiohttp.ConnectionTimeoutError):
+        error = "connect timeout"
+    elif isinstance(exc, TimeoutError):
+        error = "timeout"
+    else:
+        error = "connection error"
+    return Outcome(
+        kind=OutcomeKind.RETRY,
+        error=error,
+        extra={"exception": kind, "possibly_delivered": possibly},
+    )
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    """Status, headers and the bounded body of one answered request."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: BoundedBody
+
+
+async def post_bounded(
+    session: aiohttp.ClientSession, url: str, *, max_response_bytes: int, **kwargs: Any
+) -> HttpReply:
+    """POST once without following redirects and read a bounded body.
+
+    Transport failures raise (aiohttp.ClientError, TimeoutError, OSError); the
+    caller maps them with ``transport_outcome``.
+    """
+    async with session.post(url, allow_redirects=False, **kwargs) as response:
+        body = await read_bounded(response, max_response_bytes)
+        return HttpReply(status=response.status, headers=response.headers, body=body)
+
+
+class SharedSession:
+    """One lazily created ClientSession for a provider adapter.
+
+    Created on first use because a session must be made inside the running
+    loop. Creation has no await, so concurrent first sends share one session.
+    Cookies are not kept; environment proxies are honoured only if asked for.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_seconds: float,
+        connect_timeout_seconds: float,
+        connection_limit: int,
+        trust_env: bool = False,
+    ) -> None:
+        self._timeout = aiohttp.ClientTimeout(
+            total=timeout_seconds, sock_connect=connect_timeout_seconds
+        )
+        self._limit = connection_limit
+        self._trust_env = trust_env
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def get(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("channel is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit),
+                timeout=self._timeout,
+                trust_env=self._trust_env,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+def secret_value(secret: SecretStr | str) -> str:
+    """The plain value of a credential given as SecretStr or str."""
+    return secret.get_secret_value() if isinstance(secret, SecretStr) else secret
+
+
+def check_positive(config: object, *names: str) -> None:
+    """Raise ValueError unless each named numeric field is finite and > 0."""
+    for name in names:
+        value = getattr(config, name)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number")

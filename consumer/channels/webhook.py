@@ -1,0 +1,336 @@
+"""Partner webhook adapter: one signed JSON POST per attempt.
+
+Owns the webhook request shape (JSON body, ``Idempotency-Key`` and Standard
+Webhooks ``webhook-id`` / ``webhook-timestamp`` / ``webhook-signature``
+headers), destination safety at connect time, and classification of the
+partner's answer into an ``Outcome``.
+
+Destination safety has two layers, both driven by ``service.netpolicy``:
+
+* before the request: the URL shape, and literal IP hosts (aiohttp never
+  passes literal IPs to the resolver, so they must be checked here);
+* at connect time: ``PolicyResolver`` checks every address a host name
+  resolves to, on every fresh resolution, so a name that was public when the
+  reminder was created and later rebinds to 10.0.0.1 is still refused.
+
+Redirects are never followed, proxies from the environment are ignored (a proxy
+would connect on our behalf, bypassing the resolver check) and cookies are not
+kept (one partner must not see another's cookies).
+
+Nothing here logs. Outcomes carry fixed reasons, never the payload, the URL,
+or a secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import aiohttp
+import yarl
+from aiohttp.abc import AbstractResolver, ResolveResult
+from standardwebhooks.webhooks import Webhook
+
+from consumer.channels.base import Outcome, OutcomeKind, SendRequest
+from consumer.channels.http import (
+    check_positive,
+    classify_status,
+    excerpt,
+    read_bounded,
+    safe_token,
+    transport_outcome,
+)
+from service.netpolicy import (
+    DestinationRefused,
+    IPNetwork,
+    check_addresses,
+    host_problem,
+    url_problem,
+)
+
+__all__ = ["PolicyResolver", "WebhookChannel", "WebhookConfig"]
+
+_SECRET_PREFIX = "whsec_"
+# Header values must be visible ASCII; Resend-style providers cap keys at 256.
+_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,256}")
+
+
+def _decode_secret(secret: str) -> bytes:
+    raw = secret.removeprefix(_SECRET_PREFIX)
+    return base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookConfig:
+    """Settings for ``WebhookChannel``. Secrets are excluded from repr."""
+
+    # 'whsec_<base64>' secrets. Every secret signs every request, so during a
+    # rotation (old, new) partners verifying with either one succeed. Empty
+    # means unsigned requests (no webhook-signature header), as the settings allow.
+    signing_secrets: tuple[str, ...] = field(default=(), repr=False)
+    timeout_seconds: float = 10.0  # whole attempt: connect, send, headers and body read
+    connect_timeout_seconds: float = 3.0  # TCP connect (plus TLS) per address
+    allow_networks: tuple[IPNetwork, ...] = ()  # exceptions to the SSRF policy
+    max_request_bytes: int = 256 * 1024  # serialized JSON body
+    max_response_bytes: int = 64 * 1024  # read at most this much of any answer
+    max_response_excerpt_bytes: int = 1024  # kept in Outcome.response_excerpt
+    user_agent: str = "reminder-relay-webhooks/1"
+    connection_limit: int = 100  # all partners together
+    connection_limit_per_host: int = 8  # per (host, port, tls): one slow partner can't hog all
+    dns_cache_ttl_seconds: int | None = 10  # None disables aiohttp's DNS cache
+    receipt_headers: tuple[str, ...] = ("X-Request-Id", "Request-Id", "X-Message-Id")
+
+    def __post_init__(self) -> None:
+        for index, secret in enumerate(self.signing_secrets):
+            try:
+                decoded = _decode_secret(secret)
+            except (binascii.Error, ValueError):
+                # Never echo the secret itself.
+                raise ValueError(f"signing_secrets[{index}] is not valid base64") from None
+            if not decoded:
+                raise ValueError(f"signing_secrets[{index}] is empty")
+        check_positive(
+            self,
+            "timeout_seconds",
+            "connect_timeout_seconds",
+            "max_request_bytes",
+            "max_response_bytes",
+            "connection_limit",
+            "connection_limit_per_host",
+        )
+        if not 0 <= self.max_response_excerpt_bytes <= self.max_response_bytes:
+            raise ValueError("max_response_excerpt_bytes must be within 0..max_response_bytes")
+
+
+class PolicyResolver(AbstractResolver):
+    """Wraps a real resolver and refuses answers the address policy forbids.
+
+    aiohttp calls this right before connecting (and again whenever its DNS
+    cache entry expires), so the addresses checked are the ones connected to.
+    If ANY answer is refused the whole lookup is refused, since the connector
+    may try the addresses in any order. ``DestinationRefused`` propagates out
+    of ``session.request`` unchanged (it is not an OSError, which aiohttp would
+    wrap as a retryable DNS error).
+    """
+
+    def __init__(
+        self,
+        inner: AbstractResolver,
+        allow: Sequence[IPNetwork],
+        *,
+        owns_inner: bool = True,
+    ) -> None:
+        self._inner = inner
+        self._allow = tuple(allow)
+        self._owns_inner = owns_inner
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        problem = host_problem(host, self._allow)
+        if problem is not None:
+            raise DestinationRefused(problem)
+        results = await self._inner.resolve(host, port, family)
+        check_addresses((result["host"] for result in results), self._allow)
+        return results
+
+    async def close(self) -> None:
+        if self._owns_inner:
+            await self._inner.close()
+
+
+def _refusal(exc: BaseException) -> DestinationRefused | None:
+    """Find a policy refusal that some aiohttp version may have wrapped."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, DestinationRefused):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _rejected(error: str) -> Outcome:
+    return Outcome(kind=OutcomeKind.REJECTED, error=error)
+
+
+class WebhookChannel:
+    """Channel adapter for partner webhooks, sharing one ClientSession.
+
+    The session is created lazily on the first ``send`` (it needs a running
+    loop); ``close()`` releases it. ``resolver`` replaces the inner DNS
+    resolver (default: aiohttp's DefaultResolver) and is mainly for tests; it is
+    always wrapped by the policy. ``trace_configs`` are passed to the session
+    (tracing/metrics hooks).
+    """
+
+    name: str = "webhook"
+
+    def __init__(
+        self,
+        config: WebhookConfig,
+        *,
+        resolver: AbstractResolver | None = None,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> None:
+        self._config = config
+        self._signers = tuple(Webhook(secret) for secret in config.signing_secrets)
+        self._inner_resolver = resolver
+        self._trace_configs = list(trace_configs)
+        self._session: aiohttp.ClientSession | None = None
+        self._resolver: PolicyResolver | None = None
+        self._closed = False
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        # No await between the check and the assignment, so concurrent first
+        # sends cannot create two sessions.
+        if self._closed:
+            raise RuntimeError("webhook channel is closed")
+        if self._session is None:
+            cfg = self._config
+            inner = self._inner_resolver or aiohttp.DefaultResolver()
+            self._resolver = PolicyResolver(
+                inner, cfg.allow_networks, owns_inner=self._inner_resolver is None
+            )
+            connector = aiohttp.TCPConnector(
+                limit=cfg.connection_limit,
+                limit_per_host=cfg.connection_limit_per_host,
+                resolver=self._resolver,
+                use_dns_cache=cfg.dns_cache_ttl_seconds is not None,
+                ttl_dns_cache=cfg.dns_cache_ttl_seconds,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(
+                    total=cfg.timeout_seconds, sock_connect=cfg.connect_timeout_seconds
+                ),
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trace_configs=self._trace_configs or None,
+            )
+        return self._session
+
+    def _check_destination(self, destination: str) -> tuple[yarl.URL | None, str | None]:
+        problem = url_problem(destination)
+        if problem is not None:
+            return None, problem
+        try:
+            # Check the URL exactly as aiohttp will parse it, so a parser
+            # difference cannot smuggle a literal private IP past the check.
+            url = yarl.URL(destination, encoded=False)
+        except (ValueError, TypeError):
+            return None, "url: malformed"
+        if url.scheme not in ("http", "https") or url.user is not None or not url.raw_host:
+            return None, "url: malformed"
+        problem = host_problem(url.raw_host, self._config.allow_networks)
+        if problem is not None:
+            return None, problem
+        return url, None
+
+    def _headers(self, key: str, body: str) -> dict[str, str]:
+        timestamp = int(time.time())
+        signed_at = datetime.fromtimestamp(timestamp, UTC)
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": self._config.user_agent,
+            "Idempotency-Key": key,
+            "webhook-id": key,
+            "webhook-timestamp": str(timestamp),
+        }
+        if self._signers:
+            # The standardwebhooks library signs f"{id}.{timestamp}.{body}"; it
+            # floors the datetime to whole seconds, matching the header above.
+            headers["webhook-signature"] = " ".join(
+                signer.sign(key, signed_at, body) for signer in self._signers
+            )
+        return headers
+
+    def _receipt(self, status: int, headers: Mapping[str, str]) -> str:
+        receipt = f"http {status}"
+        for name in self._config.receipt_headers:
+            token = safe_token(headers.get(name))
+            if token is not None:
+                return f"{receipt} {name.lower()}={token}"
+        return receipt
+
+    async def send(self, request: SendRequest) -> Outcome:
+        """POST the payload once and classify the answer; never raises for failures."""
+        cfg = self._config
+        url, problem = self._check_destination(request.destination)
+        if url is None:
+            return _rejected(problem or "url: malformed")
+        if not _KEY_PATTERN.fullmatch(request.idempotency_key):
+            return _rejected("invalid idempotency key")
+        try:
+            # Compact and deterministic for a given payload; the exact string
+            # is what gets signed, so it is sent byte for byte.
+            body = json.dumps(
+                request.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            )
+        except (TypeError, ValueError):
+            return _rejected("payload not json serializable")
+        data = body.encode("utf-8")
+        if len(data) > cfg.max_request_bytes:
+            return _rejected("payload too large")
+
+        session = self._get_session()
+        try:
+            async with session.post(
+                url,
+                data=data,
+                headers=self._headers(request.idempotency_key, body),
+                allow_redirects=False,
+            ) as response:
+                bounded = await read_bounded(response, cfg.max_response_bytes)
+                status = response.status
+                headers = response.headers
+        except DestinationRefused as exc:
+            return _rejected(exc.reason)
+        except aiohttp.InvalidURL:
+            return _rejected("url: invalid")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            refusal = _refusal(exc)
+            if refusal is not None:
+                return _rejected(refusal.reason)
+            return transport_outcome(exc)
+
+        extra: dict[str, str] = {}
+        if bounded.truncated:
+            extra["response_truncated"] = "true"
+        if not bounded.complete:
+            extra["response_incomplete"] = "true"
+        text = excerpt(bounded.data, cfg.max_response_excerpt_bytes)
+        if 200 <= status < 300:
+            return Outcome(
+                kind=OutcomeKind.ACCEPTED,
+                http_status=status,
+                receipt=self._receipt(status, headers),
+                response_excerpt=text,
+                extra=extra,
+            )
+        return classify_status(
+            status,
+            headers,
+            now=datetime.now(UTC),
+            response_excerpt=text,
+            gone_disables=True,
+            extra=extra,
+        )
+
+    async def close(self) -> None:
+        """Close the shared session and the resolver; safe to call twice."""
+        self._closed = True
+        session, self._session = self._session, None
+        resolver, self._resolver = self._resolver, None
+        if session is not None:
+            await session.close()
+        if resolver is not None:
+            await resolver.close()
