@@ -82,6 +82,7 @@ class ReminderLine(BaseModel):
 class Prepared:
     """A validated line with its first occurrence computed."""
 
+    number: int  # line number in the file
     line: ReminderLine
     next_due_at: datetime | None
     daily_at: time | None
@@ -96,8 +97,10 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_lines(lines: Iterable[str], now: datetime, allow: netpolicy.AllowList) -> list[Prepared]:
-    """Validate every line without network access; raise InputError naming each bad one."""
+def parse_lines(
+    lines: Iterable[str], now: datetime, allow: netpolicy.AllowList
+) -> tuple[list[Prepared], list[str]]:
+    """Validate every line without network access: (good lines, problems by line)."""
     problems: list[str] = []
     seen: set[str] = set()
     prepared: list[Prepared] = []
@@ -130,9 +133,9 @@ def parse_lines(lines: Iterable[str], now: datetime, allow: netpolicy.AllowList)
                 problems.append(f"line {number}: destination refused ({problem})")
                 continue
         sched = line.schedule()
-        prepared.append(Prepared(line, schedule.first_occurrence(sched, now), sched.daily_at))
-    _raise_if(problems)
-    return prepared
+        first = schedule.first_occurrence(sched, now)
+        prepared.append(Prepared(number, line, first, sched.daily_at))
+    return prepared, problems
 
 
 def _raise_if(problems: list[str]) -> None:
@@ -143,27 +146,25 @@ def _raise_if(problems: list[str]) -> None:
         raise errors.InputError("\n".join([*shown, *tail, "nothing was loaded"]))
 
 
-async def check_destinations(items: list[Prepared], allow: netpolicy.AllowList) -> None:
+async def check_destinations(items: list[Prepared], allow: netpolicy.AllowList) -> list[str]:
     """Resolve each webhook host once; refuse lines whose host resolves to a refused
     address. A name that does not resolve now is let through: the connect-time check
     in the webhook adapter decides when it is used."""
     hosts: dict[tuple[str, int], list[int]] = {}
-    for number, item in enumerate(items, start=1):
+    for item in items:
         if item.line.channel == "webhook":
             parts = urlsplit(item.line.destination)
             port = parts.port or (443 if parts.scheme == "https" else 80)
-            hosts.setdefault((parts.hostname or "", port), []).append(number)
+            hosts.setdefault((parts.hostname or "", port), []).append(item.number)
     problems: list[str] = []
     for (host, port), numbers in hosts.items():
         try:
             await asyncio.wait_for(netpolicy.resolve_and_check(host, port, allow), 5)
         except netpolicy.DestinationRefused as exc:
-            problems += [
-                f"reminder {items[n - 1].line.id!r}: destination refused ({exc})" for n in numbers
-            ]
+            problems += [f"line {n}: destination refused ({exc})" for n in numbers]
         except (OSError, TimeoutError):
             continue
-    _raise_if(problems)
+    return problems
 
 
 async def load(
@@ -174,8 +175,9 @@ async def load(
 ) -> int:
     """Validate and upsert a whole file in one transaction; return the number of lines."""
     when = now or datetime.now(UTC)
-    items = parse_lines(lines, when, allow)
-    await check_destinations(items, allow)
+    items, problems = parse_lines(lines, when, allow)
+    problems += await check_destinations(items, allow)
+    _raise_if(sorted(problems, key=lambda p: int(p.split(":")[0].removeprefix("line "))))
     async with pool.acquire() as conn, conn.transaction():
         for start in range(0, len(items), UPSERT_BATCH):
             chunk = items[start : start + UPSERT_BATCH]

@@ -6,6 +6,7 @@ Each field documents its default and unit. ``load()`` turns a validation failure
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -199,8 +200,18 @@ class Settings(BaseSettings):
 
 
 def load(**overrides: object) -> Settings:
-    """Read settings from the environment; raise ConfigError naming the bad setting."""
+    """Read settings from the environment; raise ConfigError naming the bad setting.
+
+    With ``RELAY_SECRETS_DIR`` set (e.g. a mounted Kubernetes Secret), a file in that
+    directory named like a variable (``RELAY_DATABASE_URL``) supplies its value when
+    the environment does not.
+    """
+    secrets_dir = os.environ.get("RELAY_SECRETS_DIR")
+    if secrets_dir is not None and not Path(secrets_dir).is_dir():
+        raise errors.ConfigError(f"RELAY_SECRETS_DIR: not a directory: {secrets_dir}")
     try:
+        if secrets_dir:
+            return Settings(_secrets_dir=secrets_dir, **overrides)  # type: ignore[call-arg,arg-type]
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -150,6 +150,19 @@ async def consumer_in_process(settings: Settings) -> AsyncIterator[InProcessCons
         telem.shutdown()
 
 
+async def logged(path: Path, event: str) -> bool:
+    """True once a JSON log line with this ``event`` was written to ``path``."""
+    if not path.exists():
+        return False
+    for text in path.read_text().splitlines():
+        try:
+            if json.loads(text).get("event") == event:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 async def topology_declared(settings: Settings) -> bool:
     """True once the lane queues exist (a consumer or publisher declared them)."""
     connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
