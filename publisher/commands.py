@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 
+from publisher import replay as replay_mod
 from publisher import run as publish_run
-from service import errors, telemetry
+from service import amqp, db, errors, telemetry
 from service.clock import SystemClock
 from service.settings import Settings
 
@@ -23,6 +24,15 @@ def _parse_time(value: str | None, name: str) -> datetime | None:
     return parsed
 
 
+def _print_run(result: publish_run.RunResult) -> None:
+    c = result.counts
+    print(
+        f"run {result.run_id} {result.status}: due={c.due} created={c.created} "
+        f"skipped={c.skipped} published={c.published} rescued={c.rescued} "
+        f"left_pending={c.failed}" + (f" ({result.error})" if result.error else "")
+    )
+
+
 async def publish(args: argparse.Namespace, settings: Settings) -> int:
     result = await publish_run.run(
         settings,
@@ -30,18 +40,61 @@ async def publish(args: argparse.Namespace, settings: Settings) -> int:
         clock=SystemClock(),
         intended_fire_at=_parse_time(args.scheduled_at, "--scheduled-at"),
     )
-    c = result.counts
-    print(
-        f"run {result.run_id} {result.status}: due={c.due} created={c.created} "
-        f"skipped={c.skipped} published={c.published} rescued={c.rescued} "
-        f"left_pending={c.failed}" + (f" ({result.error})" if result.error else "")
-    )
+    _print_run(result)
     return result.exit_code
 
 
 async def rescue(args: argparse.Namespace, settings: Settings) -> int:
-    raise NotImplementedError
+    result = await publish_run.run(
+        settings, metrics=telemetry.noop(), clock=SystemClock(), rescue_only=True
+    )
+    _print_run(result)
+    return result.exit_code
 
 
 async def replay(args: argparse.Namespace, settings: Settings) -> int:
-    raise NotImplementedError
+    if args.apply and args.dry_run:
+        raise errors.ConfigError("--apply and --dry-run: choose one")
+    if args.limit < 1:
+        raise errors.ConfigError("--limit: must be at least 1")
+    states = tuple(args.state or ["dead"])
+    bad = [s for s in states if s not in replay_mod.REPLAYABLE]
+    if bad:
+        raise errors.ConfigError(
+            f"--state: {', '.join(bad)} cannot be replayed "
+            f"(choose from {', '.join(replay_mod.REPLAYABLE)}; delivered rows never are)"
+        )
+    pool = await db.create_pool(settings, size=2)
+    try:
+        connection, publisher = await amqp.open_publisher(settings, "relay-replay")
+        try:
+            replayer = replay_mod.Replayer(
+                pool=pool, publisher=publisher, metrics=telemetry.noop(), operator=args.operator
+            )
+            if args.source == "queue":
+                channel = await connection.channel()
+                summary = await replayer.from_queue(
+                    amqp.Topology.from_settings(settings),
+                    channel,
+                    limit=args.limit,
+                    apply=args.apply,
+                )
+            else:
+                filters = replay_mod.LedgerFilter(
+                    states=states,
+                    since=_parse_time(args.since, "--since"),
+                    until=_parse_time(args.until, "--until"),
+                    run_id=args.run,
+                    reminder_id=args.reminder,
+                    provider=args.provider,
+                    channel=args.channel,
+                    key=args.key,
+                    last_status=args.last_status,
+                )
+                summary = await replayer.from_ledger(filters, limit=args.limit, apply=args.apply)
+        finally:
+            await connection.close()
+    finally:
+        await pool.close()
+    print(summary.render())
+    return errors.ExitCode.OK if summary.failed == 0 else errors.ExitCode.INCOMPLETE

@@ -135,25 +135,28 @@ class PublishRun:
         self.counts = RunCounts()
         self.run_id = 0
 
-    async def execute(self, intended_fire_at: datetime | None = None) -> RunResult:
+    async def execute(
+        self, intended_fire_at: datetime | None = None, *, rescue_only: bool = False
+    ) -> RunResult:
+        """Run admission, the pending sweep and rescue (or, ``rescue_only``, just rescue)."""
         now = self._clock.now()
         # Without a scheduled time from the caller, the run is as late as the oldest
         # occurrence it is about to fire: that is the lag a reminder's receiver sees.
         oldest_due = await self._pool.fetchval(db.q("oldest_due"), now)
         intended = intended_fire_at or min(oldest_due or now, now)
-        row = await self._pool.fetchrow(
-            db.q("start_run"), "publish", intended, socket.gethostname()
-        )
+        kind = "rescue" if rescue_only else "publish"
+        row = await self._pool.fetchrow(db.q("start_run"), kind, intended, socket.gethostname())
         assert row is not None
         self.run_id = row["id"]
         self._metrics.scheduler_lag.record(max((row["started_at"] - intended).total_seconds(), 0))
         fields = {"event": "publish_run", "run_id": self.run_id}
-        if await self._pool.fetchval(db.q("admission_paused")):
+        if not rescue_only and await self._pool.fetchval(db.q("admission_paused")):
             log.info("admission paused; run recorded, nothing admitted", extra=fields)
             return await self._finish("paused")
         try:
-            await self._admit_all(now)
-            await self._sweep_pending()
+            if not rescue_only:
+                await self._admit_all(now)
+                await self._sweep_pending()
             await self._rescue()
         except (OSError, asyncpg.PostgresError) as exc:
             self._error = f"database error: {type(exc).__name__}"
@@ -269,37 +272,35 @@ class PublishRun:
 
 
 async def run(
-    settings: Settings, *, metrics: Metrics, clock: Clock, intended_fire_at: datetime | None = None
+    settings: Settings,
+    *,
+    metrics: Metrics,
+    clock: Clock,
+    intended_fire_at: datetime | None = None,
+    rescue_only: bool = False,
 ) -> RunResult:
-    """Composition root of ``relay publish``."""
+    """Composition root of ``relay publish`` (and ``relay rescue``)."""
     pool = await db.create_pool(settings, size=2)
     connection = None
     publisher = None
     broker_error = None
     try:
         try:
-            connection = await amqp.connect(settings, name=f"relay-publish@{socket.gethostname()}")
-            channel = await connection.channel()
-            await amqp.declare(channel, amqp.Topology.from_settings(settings))
-            await channel.close()
-            publisher = await amqp.ConfirmedPublisher.open(
-                connection, amqp.Topology.from_settings(settings), settings
-            )
+            connection, publisher = await amqp.open_publisher(settings, "relay-publish")
         except errors.UnavailableError as exc:
             broker_error = str(exc)
             log.error(
                 "broker unreachable; admitting without publishing",
                 extra={"event": "broker_unreachable"},
             )
-        result = await PublishRun(
+        return await PublishRun(
             settings=settings,
             pool=pool,
             publisher=publisher,
             metrics=metrics,
             clock=clock,
             broker_error=broker_error,
-        ).execute(intended_fire_at)
-        return result
+        ).execute(intended_fire_at, rescue_only=rescue_only)
     finally:
         if connection is not None:
             await connection.close()

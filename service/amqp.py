@@ -17,6 +17,7 @@ error, never a silent drop.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -264,6 +265,22 @@ class ConfirmedPublisher:
     async def close(self) -> None:
         if not self._channel.is_closed:
             await self._channel.close()
+
+
+async def open_publisher(
+    settings: Settings, role: str
+) -> tuple[AbstractConnection, ConfirmedPublisher]:
+    """Connect, declare the topology, and open a confirming publisher."""
+    topology = Topology.from_settings(settings)
+    connection = await connect(settings, name=f"{role}@{socket.gethostname()}")
+    try:
+        channel = await connection.channel()
+        await declare(channel, topology)
+        await channel.close()
+        return connection, await ConfirmedPublisher.open(connection, topology, settings)
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        await connection.close()
+        raise errors.UnavailableError(f"broker unusable: {type(exc).__name__}") from exc
 
 
 async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:

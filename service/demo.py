@@ -66,7 +66,7 @@ def _reminder_lines(count: int, port: int) -> list[str]:
     for i in range(count):
         path = "partner-a" if i % 2 else "partner-b"
         if i % 50 == 7:
-            path = "flaky"  # answers 503 once, then accepts: shows a retry
+            path = "flaky"  # answers 503 once per key, then accepts: shows retries
         if i % 200 == 13:
             path = "rejecting"  # answers 400: shows a dead letter in the report
         lines.append(
@@ -99,7 +99,7 @@ async def main(args: argparse.Namespace, settings: Settings) -> int:
     await _fresh_namespace(settings)
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
     partner = partner_mod.Partner(verify_secret=secret)
-    partner.rules["flaky"] = partner_mod.PathRule(status=503, first_n=1)
+    partner.rules["flaky"] = partner_mod.PathRule(status=503, first_n_per_key=1)
     partner.rules["rejecting"] = partner_mod.PathRule(status=400)
     runner, port = await partner_mod.start(partner)
     state_dir = Path(settings.state_dir) / "demo"

@@ -30,6 +30,7 @@ class PathRule:
     delay_seconds: float = 0.0  # answer late (hang: a very large value)
     retry_after: str | None = None
     first_n: int | None = None  # fail only the first n requests to this path
+    first_n_per_key: int | None = None  # fail only the first n requests of each key
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Partner:
     accepted: dict[str, str] = field(default_factory=dict)  # key -> path it was accepted at
     arrivals: list[float] = field(default_factory=list)  # monotonic time of each request
     requests_by_path: Counter[str] = field(default_factory=Counter)
+    failures_by_key: Counter[str] = field(default_factory=Counter)
     duplicates: int = 0
     bad_signatures: int = 0
     last_headers: dict[str, str] = field(default_factory=dict)
@@ -97,6 +99,9 @@ class Partner:
             active = rule.until_monotonic is None or time.monotonic() < rule.until_monotonic
             if rule.first_n is not None:
                 active = active and self.requests_by_path[name] <= rule.first_n
+            if rule.first_n_per_key is not None:
+                self.failures_by_key[key] += 1
+                active = active and self.failures_by_key[key] <= rule.first_n_per_key
             if active and rule.status >= 300:
                 headers = {"Retry-After": rule.retry_after} if rule.retry_after else None
                 return web.json_response(

@@ -253,9 +253,6 @@ LIMIT $2;
 UPDATE deliveries SET published_at = now()
 WHERE id = ANY($1::bigint[]) AND state = 'queued';
 
--- name: get_delivery_state
-SELECT id, state::text AS state FROM deliveries WHERE id = $1;
-
 ---------------------------------------------------------------------------- status
 
 -- name: runs_recent
@@ -306,3 +303,39 @@ DROP DATABASE IF EXISTS relay_demo WITH (FORCE);
 
 -- name: demo_create_database
 CREATE DATABASE relay_demo;
+
+---------------------------------------------------------------------------- replay
+
+-- name: replay_select
+-- Ledger replay: one page of rows matching the operator's filters (NULL = any).
+SELECT id, state::text AS state, urgent, reminder_id, idempotency_key, last_status
+FROM deliveries
+WHERE state = ANY($1::delivery_state[])
+  AND ($2::timestamptz IS NULL OR created_at >= $2)
+  AND ($3::timestamptz IS NULL OR created_at < $3)
+  AND ($4::bigint IS NULL OR run_id = $4)
+  AND ($5::text IS NULL OR reminder_id = $5)
+  AND ($6::text IS NULL OR provider = $6)
+  AND ($7::text IS NULL OR channel = $7)
+  AND ($8::text IS NULL OR idempotency_key = $8)
+  AND ($9::int IS NULL OR last_status = $9)
+  AND id > $10
+ORDER BY id
+LIMIT $11;
+
+-- name: reset_for_replay
+-- dead -> pending for another round of attempts; the attempt history stays, and the new
+-- round's budget counts from here (round_start). Any other state is left alone.
+UPDATE deliveries SET state = 'pending', round_start = attempts, replays = replays + 1,
+                      finished_at = NULL
+WHERE id = ANY($1::bigint[]) AND state = 'dead'
+RETURNING id, urgent;
+
+-- name: replay_started
+INSERT INTO replays (source, operator, filters) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: replay_finished
+UPDATE replays SET selected = $2, replayed = $3, finished_at = now() WHERE id = $1;
+
+-- name: delivery_lane
+SELECT id, state::text AS state, urgent FROM deliveries WHERE id = $1;

@@ -1,0 +1,466 @@
+"""Reminder schedules: when does a reminder fire?
+
+This module owns the calendar arithmetic of reminder-relay and nothing else:
+
+* validating a :class:`Schedule` (time zone, kind-specific fields, cron syntax);
+* turning a schedule into occurrences -- instants computed in the reminder's own IANA
+  time zone (wall-clock rules, including DST gaps and overlaps) and returned as
+  timezone-aware UTC datetimes;
+* deciding, for a reminder that has fallen due, which owed occurrences to send and which
+  to record as skipped (:func:`plan_due`), according to the missed-run policy.
+
+It is pure: no I/O of its own, no global clock (the current time is always an argument)
+and no mutable state. The only outside data is the IANA database read by ``zoneinfo``.
+The rules are documented, with examples, in ``docs/schedules.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from typing import Literal, get_args
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import (  # type: ignore[import-untyped,unused-ignore]
+    CroniterBadDateError,
+    CroniterError,
+    croniter,
+)
+
+__all__ = [
+    "MAX_OWED_LISTED",
+    "SKIP_CATCH_UP_LIMIT",
+    "SKIP_MISSED",
+    "SKIP_TRUNCATED",
+    "MissedPolicy",
+    "Plan",
+    "Schedule",
+    "ScheduleError",
+    "ScheduleKind",
+    "first_occurrence",
+    "next_occurrence_after",
+    "occurrences",
+    "parse_daily_at",
+    "plan_due",
+    "validate",
+]
+
+ScheduleKind = Literal["once", "daily", "cron"]
+MissedPolicy = Literal["catch_up", "latest", "skip"]
+
+_KINDS: tuple[str, ...] = get_args(ScheduleKind)
+_POLICIES: tuple[str, ...] = get_args(MissedPolicy)
+
+# Reasons attached to skipped occurrences in Plan.skipped.
+SKIP_MISSED = "missed"
+SKIP_CATCH_UP_LIMIT = "catch_up_limit"
+# Summary entry: stands for every owed occurrence older than the oldest one listed
+# individually (see MAX_OWED_LISTED); its datetime is the oldest owed occurrence.
+SKIP_TRUNCATED = "truncated"
+
+# plan_due looks at no more than this many owed occurrences (the newest ones), so a
+# minutely cron whose publisher was down for weeks costs bounded time and memory.
+MAX_OWED_LISTED = 1_000
+
+_ONE_US = timedelta(microseconds=1)
+_ONE_S = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a reminder fires. Exactly the field matching ``kind`` must be set."""
+
+    kind: ScheduleKind
+    timezone: str = "UTC"  # IANA name
+    due_at: datetime | None = None  # kind == "once": aware datetime
+    daily_at: time | None = None  # kind == "daily": local wall-clock time
+    cron: str | None = None  # kind == "cron": 5-field cron expression in local time
+
+
+class ScheduleError(ValueError):
+    """A schedule (or an argument about one) is invalid; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the publisher should do with a reminder that has fallen due."""
+
+    send: list[datetime]  # occurrences to create deliveries for, increasing
+    skipped: list[tuple[datetime, str]]  # (occurrence, reason), increasing
+    next_due_at: datetime | None  # next occurrence strictly after now (None: finished)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def parse_daily_at(text: str) -> time:
+    """Parse a 24-hour ``"HH:MM"`` string (e.g. ``"06:00"``, ``"23:59"``)."""
+    if not isinstance(text, str):
+        raise ScheduleError(f"daily_at must be HH:MM, got {text!r}")
+    hh, sep, mm = text.partition(":")
+    # Exactly two ASCII digits each side: rejects "6:00", "06:00:00", " 06:00", non-ASCII digits.
+    if (
+        sep != ":"
+        or len(hh) != 2
+        or len(mm) != 2
+        or not (hh + mm).isascii()
+        or not (hh + mm).isdigit()
+    ):
+        raise ScheduleError(f"daily_at must be HH:MM, got {text!r}")
+    hour, minute = int(hh), int(mm)
+    if hour > 23 or minute > 59:
+        raise ScheduleError(f"daily_at must be HH:MM (00:00-23:59), got {text!r}")
+    return time(hour, minute)
+
+
+def validate(schedule: Schedule) -> None:
+    """Raise :class:`ScheduleError` naming the first problem found; return None if valid."""
+    if schedule.kind not in _KINDS:
+        raise ScheduleError(
+            f"unknown schedule kind {schedule.kind!r} (expected one of {', '.join(_KINDS)})"
+        )
+    _zone(schedule.timezone)
+
+    # The field for the kind must be set and the others must not: a daily reminder that
+    # also carries a cron expression is ambiguous, and guessing would hide a caller bug.
+    fields = {"once": "due_at", "daily": "daily_at", "cron": "cron"}
+    for kind, field in fields.items():
+        value = getattr(schedule, field)
+        if kind == schedule.kind and value is None:
+            raise ScheduleError(f"{field} is required for a {kind!r} schedule")
+        if kind != schedule.kind and value is not None:
+            raise ScheduleError(f"{field} must not be set for a {schedule.kind!r} schedule")
+
+    if schedule.kind == "once":
+        due_at = schedule.due_at
+        if not isinstance(due_at, datetime):
+            raise ScheduleError(f"due_at must be a datetime, got {type(due_at).__name__}")
+        if due_at.utcoffset() is None:
+            raise ScheduleError("due_at must be timezone-aware (got a naive datetime)")
+    elif schedule.kind == "daily":
+        daily_at = schedule.daily_at
+        # datetime is not a subclass of time, so this also rejects datetimes.
+        if not isinstance(daily_at, time):
+            raise ScheduleError(f"daily_at must be HH:MM, got {daily_at!r}")
+        if daily_at.tzinfo is not None:
+            raise ScheduleError(
+                "daily_at must be HH:MM local wall-clock time without tzinfo "
+                "(the zone comes from Schedule.timezone)"
+            )
+        # Minute resolution, like cron; keeps DST arithmetic and storage simple.
+        if daily_at.second or daily_at.microsecond:
+            raise ScheduleError(f"daily_at must be HH:MM (no seconds), got {daily_at!r}")
+    else:
+        _check_cron(schedule.cron)
+
+
+def _zone(name: object) -> ZoneInfo:
+    if not isinstance(name, str):
+        raise ScheduleError(f"time zone must be an IANA name string, got {name!r}")
+    # "localtime" resolves to whatever the host is configured with: not a stable IANA zone.
+    if name == "localtime":
+        raise ScheduleError(f"unknown time zone {name!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # ValueError: malformed keys ("", "../x", "/abs"); OSError: directories ("America").
+        raise ScheduleError(f"unknown time zone {name!r}") from exc
+
+
+def _check_cron(expr: object) -> None:
+    if not isinstance(expr, str):
+        raise ScheduleError(f"cron must be a string, got {type(expr).__name__}")
+    fields = expr.split()
+    # croniter also accepts seconds/years fields and "@daily"-style aliases; the stored
+    # format is plain 5-field cron so every consumer of the column can read it.
+    if len(fields) != 5:
+        raise ScheduleError(
+            f"bad cron expression {expr!r}: expected 5 fields "
+            f"(minute hour day-of-month month day-of-week), got {len(fields)}"
+        )
+    try:
+        valid = bool(croniter.is_valid(expr))
+    except Exception:  # croniter raises assorted types on odd input
+        valid = False
+    if not valid:
+        raise ScheduleError(f"bad cron expression {expr!r}")
+    try:
+        croniter(expr, datetime(2000, 1, 1)).get_next(datetime)
+    except CroniterBadDateError as exc:  # e.g. "0 0 30 2 *" (30 February)
+        raise ScheduleError(f"bad cron expression {expr!r}: it never fires") from exc
+    except CroniterError as exc:
+        raise ScheduleError(f"bad cron expression {expr!r}: {exc}") from exc
+
+
+def _require_aware(name: str, value: object) -> datetime:
+    if not isinstance(value, datetime):
+        raise ScheduleError(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.utcoffset() is None:
+        raise ScheduleError(f"{name} must be timezone-aware (got a naive datetime)")
+    return value.astimezone(UTC)
+
+
+# ------------------------------------------------------------------ wall time -> UTC
+
+
+def _to_utc(wall: datetime, tz: tzinfo) -> datetime:
+    """Map a naive local wall time to the instant it fires at.
+
+    * exists once  -> that instant;
+    * exists twice (fall-back overlap) -> the first, earlier instant (fold=0);
+    * does not exist (spring-forward gap) -> the transition instant, i.e. the first valid
+      instant after the gap (02:30 Europe/Berlin on a spring-forward day -> 03:00 CEST).
+    """
+    utc = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    if utc.astimezone(tz).replace(tzinfo=None) == wall:
+        return utc
+    return _gap_transition(wall, tz)
+
+
+def _gap_transition(wall: datetime, tz: tzinfo) -> datetime:
+    # In a gap, fold=0/1 interpret the wall time with the offsets in force before/after
+    # the transition; the transition instant lies between the two readings. zoneinfo
+    # has no public "transitions" API, so binary-search it: before the transition every
+    # instant reads as a wall time before `wall`, from the transition on, after it.
+    # TZif transitions fall on whole UTC seconds, so searching whole seconds is exact.
+    a = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    b = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+    lo, hi = min(a, b), max(a, b)
+
+    def after_gap(t: datetime) -> bool:
+        return t.astimezone(tz).replace(tzinfo=None) > wall
+
+    if after_gap(lo) or not after_gap(hi):  # pragma: no cover - not a simple gap
+        return hi
+    lo_s, hi_s = 0, int((hi - lo) // _ONE_S)  # after_gap(lo + lo_s) False, (lo + hi_s) True
+    while hi_s - lo_s > 1:
+        mid = (lo_s + hi_s) // 2
+        if after_gap(lo + mid * _ONE_S):
+            hi_s = mid
+        else:
+            lo_s = mid
+    return lo + hi_s * _ONE_S
+
+
+# ------------------------------------------------------------------ candidate streams
+#
+# A daily or cron schedule is a sequence of local wall times. Mapping wall times to
+# instants with _to_utc is non-decreasing (a gap sends several wall times to one
+# transition instant; an overlap uses only the first pass), so walking the wall times
+# in order and dropping any instant not strictly beyond the last one yields a strictly
+# increasing, duplicate-free sequence of instants.
+#
+# Where to start walking, going forward from instant `after`: a wall time w <= wall(after)
+# always maps to an instant <= after, so starting just after wall(after) is enough.
+# Going backward from instant `at`: if `at` is in the second pass of an overlap, wall
+# times up to the end of the overlap map to the first pass (before `at`), so the walk
+# starts that much later in wall time.
+
+
+def _walls_forward(schedule: Schedule, start: datetime) -> Iterator[datetime]:
+    """Naive local wall times of the schedule, increasing, all >= the date of ``start``."""
+    if schedule.kind == "daily":
+        assert schedule.daily_at is not None
+        at = schedule.daily_at.replace(fold=0)
+        day = start.date()
+        while True:
+            yield datetime.combine(day, at)
+            if day == date.max:
+                return
+            day += timedelta(days=1)
+    assert schedule.cron is not None
+    it = croniter(schedule.cron, start - _ONE_US)  # get_next is strict: include `start`
+    while True:
+        try:
+            yield it.get_next(datetime)
+        except CroniterBadDateError:  # ran off the end of the calendar
+            return
+
+
+def _walls_backward(schedule: Schedule, start: datetime) -> Iterator[datetime]:
+    """Naive local wall times of the schedule, decreasing, all <= ``start``."""
+    if schedule.kind == "daily":
+        assert schedule.daily_at is not None
+        at = schedule.daily_at.replace(fold=0)
+        day = start.date()
+        while True:
+            wall = datetime.combine(day, at)
+            if wall <= start:
+                yield wall
+            if day == date.min:
+                return
+            day -= timedelta(days=1)
+    assert schedule.cron is not None
+    it = croniter(schedule.cron, start + _ONE_US)  # get_prev is strict: include `start`
+    while True:
+        try:
+            yield it.get_prev(datetime)
+        except CroniterBadDateError:
+            return
+
+
+def _iter_after(schedule: Schedule, after: datetime) -> Iterator[datetime]:
+    """Occurrences strictly after ``after`` (UTC), strictly increasing."""
+    if schedule.kind == "once":
+        assert schedule.due_at is not None
+        due = schedule.due_at.astimezone(UTC)
+        if due > after:
+            yield due
+        return
+    tz = _zone(schedule.timezone)
+    last = after
+    for wall in _walls_forward(schedule, after.astimezone(tz).replace(tzinfo=None)):
+        occ = _to_utc(wall, tz)
+        if occ > last:
+            yield occ
+            last = occ
+
+
+def _iter_at_or_before(schedule: Schedule, at: datetime) -> Iterator[datetime]:
+    """Occurrences at or before ``at`` (UTC), strictly decreasing."""
+    if schedule.kind == "once":
+        assert schedule.due_at is not None
+        due = schedule.due_at.astimezone(UTC)
+        if due <= at:
+            yield due
+        return
+    tz = _zone(schedule.timezone)
+    local = at.astimezone(tz)
+    start = local.replace(tzinfo=None)
+    if local.fold:
+        # Second pass of an overlap: wall times up to the overlap's end (earlier by the
+        # size of the shift) already fired during the first pass.
+        first_pass = local.replace(fold=0).utcoffset()
+        second_pass = local.utcoffset()
+        assert first_pass is not None and second_pass is not None
+        start += max(first_pass - second_pass, timedelta(0))
+    last = at + _ONE_US
+    for wall in _walls_backward(schedule, start):
+        occ = _to_utc(wall, tz)
+        if occ < last:
+            yield occ
+            last = occ
+
+
+def _first(it: Iterator[datetime]) -> datetime | None:
+    return next(it, None)
+
+
+# ------------------------------------------------------------------------ public API
+
+
+def first_occurrence(schedule: Schedule, not_before: datetime) -> datetime | None:
+    """Earliest occurrence at or after ``not_before``, as UTC.
+
+    For a "once" schedule this is ``due_at`` itself even if it is earlier than
+    ``not_before``: a one-shot reminder created late still fires, the caller decides.
+    None only if a recurring schedule has no further occurrence in the calendar.
+    """
+    validate(schedule)
+    not_before = _require_aware("not_before", not_before)
+    if schedule.kind == "once":
+        assert schedule.due_at is not None
+        return schedule.due_at.astimezone(UTC)
+    return _first(_iter_after(schedule, not_before - _ONE_US))
+
+
+def next_occurrence_after(schedule: Schedule, after: datetime) -> datetime | None:
+    """First occurrence strictly after ``after``, as UTC; None when there is none more."""
+    validate(schedule)
+    return _first(_iter_after(schedule, _require_aware("after", after)))
+
+
+def occurrences(schedule: Schedule, start: datetime, end: datetime, limit: int) -> list[datetime]:
+    """Occurrences with ``start <= occ <= end``, strictly increasing, at most ``limit``."""
+    validate(schedule)
+    start = _require_aware("start", start)
+    end = _require_aware("end", end)
+    if limit < 0:
+        raise ScheduleError(f"limit must be >= 0, got {limit}")
+    result: list[datetime] = []
+    if limit == 0 or end < start:
+        return result
+    for occ in _iter_after(schedule, start - _ONE_US):
+        if occ > end:
+            break
+        result.append(occ)
+        if len(result) >= limit:
+            break
+    return result
+
+
+def plan_due(
+    schedule: Schedule,
+    next_due_at: datetime,
+    now: datetime,
+    policy: MissedPolicy,
+    misfire_grace: timedelta,
+    catch_up_limit: int,
+) -> Plan:
+    """Decide what to send for a reminder whose stored ``next_due_at`` has been reached.
+
+    Owed occurrences are those in ``[next_due_at, now]``. One is *on time* if
+    ``now - occ <= misfire_grace`` and *missed* otherwise. Policies:
+
+    * ``catch_up``: send every owed occurrence, but only the newest ``catch_up_limit``;
+      older ones are skipped with reason ``"catch_up_limit"``.
+    * ``latest``: send only the newest owed occurrence; the rest are skipped ``"missed"``.
+    * ``skip``: send the on-time ones; missed ones are skipped ``"missed"``.
+
+    Every owed occurrence ends up in ``send`` or ``skipped``, except that only the newest
+    :data:`MAX_OWED_LISTED` are listed one by one: if there are more, the older ones
+    are represented by a single ``(oldest owed occurrence, "truncated")`` entry at the
+    start of ``skipped``. ``next_due_at`` of the result is the first occurrence strictly
+    after ``now``. Called early (stored ``next_due_at > now``), nothing is owed and the
+    stored value is returned unchanged.
+    """
+    validate(schedule)
+    stored = _require_aware("next_due_at", next_due_at)
+    now = _require_aware("now", now)
+    if policy not in _POLICIES:
+        raise ScheduleError(
+            f"unknown missed policy {policy!r} (expected one of {', '.join(_POLICIES)})"
+        )
+    if not isinstance(misfire_grace, timedelta) or misfire_grace < timedelta(0):
+        raise ScheduleError(f"misfire_grace must be a timedelta >= 0, got {misfire_grace!r}")
+    if isinstance(catch_up_limit, bool) or not isinstance(catch_up_limit, int):
+        raise ScheduleError(f"catch_up_limit must be an int >= 0, got {catch_up_limit!r}")
+    if catch_up_limit < 0:
+        raise ScheduleError(f"catch_up_limit must be >= 0, got {catch_up_limit}")
+
+    if stored > now:
+        return Plan(send=[], skipped=[], next_due_at=stored)
+
+    # Walk back from `now` so that, however long the outage, only the newest
+    # MAX_OWED_LISTED occurrences are ever materialised.
+    newest_first: list[datetime] = []
+    truncated = False
+    for occ in _iter_at_or_before(schedule, now):
+        if occ < stored:
+            break
+        if len(newest_first) == MAX_OWED_LISTED:
+            truncated = True
+            break
+        newest_first.append(occ)
+    owed = newest_first[::-1]
+
+    send: list[datetime]
+    skipped: list[tuple[datetime, str]]
+    if policy == "catch_up":
+        cut = max(len(owed) - catch_up_limit, 0)
+        send = owed[cut:]
+        skipped = [(occ, SKIP_CATCH_UP_LIMIT) for occ in owed[:cut]]
+    elif policy == "latest":
+        send = owed[-1:]
+        skipped = [(occ, SKIP_MISSED) for occ in owed[:-1]]
+    else:
+        send = [occ for occ in owed if now - occ <= misfire_grace]
+        skipped = [(occ, SKIP_MISSED) for occ in owed if now - occ > misfire_grace]
+
+    if truncated:
+        oldest = _first(_iter_after(schedule, stored - _ONE_US))
+        assert oldest is not None and (not owed or oldest < owed[0])
+        skipped.insert(0, (oldest, SKIP_TRUNCATED))
+
+    return Plan(send=send, skipped=skipped, next_due_at=_first(_iter_after(schedule, now)))

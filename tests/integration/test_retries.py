@@ -1,0 +1,276 @@
+"""Retries through the delay tiers, dead letters, replay and rescue — real servers.
+
+Time is compressed through configuration (delay tiers of 0.5-5 s, a 3 s lease), never
+by sleeping for minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+
+from service import amqp, messages
+from service import partner as partner_mod
+from service.settings import Settings
+from tests.support import relay as rs
+from tests.support.relay import RunningPartner
+
+
+async def _delivered(pool: asyncpg.Pool, n: int) -> bool:
+    return (await rs.states(pool)).get("delivered", 0) == n
+
+
+async def _state_of(pool: asyncpg.Pool, reminder_id: str) -> str:
+    return str(
+        await pool.fetchval(
+            "SELECT state::text FROM deliveries WHERE reminder_id = $1", reminder_id
+        )
+    )
+
+
+async def _dead_letters(settings: Settings) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    found = []
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(
+            amqp.Topology.from_settings(settings).dead_queue, passive=True
+        )
+        while (message := await queue.get(fail=False)) is not None:
+            found.append(message)
+        for message in found:
+            await message.nack(requeue=True)
+    return found
+
+
+async def _purge(settings: Settings, lane: str = amqp.BULK) -> int:
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(
+            amqp.Topology.from_settings(settings).lane_queue(lane), passive=True
+        )
+        result = await queue.purge()
+        return int(result.message_count)
+
+
+async def test_one_failing_endpoint_neither_delays_the_others_nor_duplicates(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    # Baseline: 1,000 healthy deliveries alone.
+    await rs.load(pool, [rs.line(f"a{i}", partner.url("healthy")) for i in range(1000)])
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings):
+        started = time.monotonic()
+        await rs.wait_for(lambda: _delivered(pool, 1000), 60, "baseline delivered")
+        alone = time.monotonic() - started
+
+    # Again, with one endpoint answering 503 for a window longer than the whole drain.
+    window_seconds = 6.0
+    partner.state.rules["down"] = partner_mod.PathRule(
+        status=503, until_monotonic=time.monotonic() + 1000
+    )
+    lines = [rs.line(f"b{i}", partner.url("healthy")) for i in range(1000)]
+    await rs.load(pool, [*lines, rs.line("victim", partner.url("down"))])
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings):
+        started = time.monotonic()
+        await rs.wait_for(lambda: _delivered(pool, 2000), 60, "others delivered")
+        beside_failure = time.monotonic() - started
+        assert await _state_of(pool, "victim") == "retrying"
+        # The window ends; the failing one is delivered on its retry schedule.
+        partner.state.rules["down"].until_monotonic = time.monotonic() + window_seconds
+        await rs.wait_for(lambda: _delivered(pool, 2001), 30, "victim delivered")
+
+    assert beside_failure <= alone * 1.5 + 1.0, (alone, beside_failure)
+    victim = await pool.fetchrow("SELECT * FROM deliveries WHERE reminder_id = 'victim'")
+    assert victim["attempts"] >= 3
+    assert partner.state.events[victim["idempotency_key"]] == 1  # one logical event
+    assert partner.state.duplicates == 0
+    outcomes = await pool.fetch(
+        "SELECT outcome FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt",
+        victim["id"],
+    )
+    assert [o["outcome"] for o in outcomes][-1] == "accepted"
+    assert {o["outcome"] for o in outcomes[:-1]} == {"retry"}
+
+
+async def test_429_with_retry_after_is_not_retried_before_that_many_seconds(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    partner.state.rules["busy"] = partner_mod.PathRule(status=429, retry_after="2", first_n=1)
+    arrivals: list[float] = []
+    partner.state.on_request = lambda name, key: arrivals.append(time.monotonic())
+    await rs.load(pool, [rs.line("r1", partner.url("busy"))])
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _delivered(pool, 1), 20, "delivered after the throttle")
+    assert len(arrivals) == 2
+    assert arrivals[1] - arrivals[0] >= 2.0, arrivals
+    outcomes = await pool.fetch(
+        "SELECT outcome, http_status FROM delivery_attempts ORDER BY attempt"
+    )
+    assert [(o["outcome"], o["http_status"]) for o in outcomes] == [
+        ("throttled", 429),
+        ("accepted", 200),
+    ]
+
+
+async def test_exhausted_attempts_end_dead_in_the_dlq_and_replay_delivers_once(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    settings = settings.model_copy(update={"max_attempts": 3})
+    partner.state.rules["down"] = partner_mod.PathRule(status=503)
+    await rs.load(pool, [rs.line("r1", partner.url("down"))])
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _state_is(pool, "dead"), 30, "dead after 3 attempts")
+    row = await pool.fetchrow("SELECT * FROM deliveries")
+    assert (row["attempts"], row["last_status"]) == (3, 503)
+    assert row["last_error"].startswith("attempts exhausted")
+    dead = await _dead_letters(settings)
+    assert len(dead) == 1
+    assert messages.decode(dead[0].body).delivery_id == row["id"]
+    assert str(dead[0].headers[amqp.REASON_HEADER]).startswith("attempts exhausted")
+    assert dead[0].headers["x-relay-attempts"] == 3
+    assert dead[0].headers["x-relay-last-status"] == 503
+
+    # The partner recovers; the operator looks first (dry run changes nothing), then applies.
+    del partner.state.rules["down"]
+    dry = await rs.relay(settings, "replay")
+    assert dry.code == 0 and "would replay=1" in dry.stdout and "dry run" in dry.stdout
+    assert await _state_is(pool, "dead")
+    applied = await rs.relay(settings, "replay", "--apply", "--operator", "test-op")
+    assert applied.code == 0 and "replayed=1" in applied.stdout, applied.stdout + applied.stderr
+    assert await _dead_letters(settings) == []
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _delivered(pool, 1), 20, "delivered after replay")
+    row = await pool.fetchrow("SELECT * FROM deliveries")
+    assert (row["attempts"], row["replays"], row["round_start"]) == (4, 1, 3)
+    assert partner.state.logical_events == 1
+    audit = await pool.fetchrow("SELECT * FROM replays")
+    assert (audit["operator"], audit["replayed"], audit["source"]) == (
+        "test-op",
+        1,
+        "dead-letter-queue",
+    )
+    # Replaying again is a no-op: the row is delivered.
+    again = await rs.relay(settings, "replay", "--from", "ledger", "--apply")
+    assert "replayed=0" in again.stdout
+
+
+async def test_permanent_4xx_is_dead_at_once_without_retries(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    partner.state.rules["strict"] = partner_mod.PathRule(status=422)
+    await rs.load(pool, [rs.line("r1", partner.url("strict"))])
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _state_is(pool, "dead"), 20, "dead")
+    row = await pool.fetchrow("SELECT * FROM deliveries")
+    assert (row["attempts"], row["last_status"]) == (1, 422)
+    assert partner.state.requests_by_path["strict"] == 1
+    dead = await _dead_letters(settings)
+    assert [str(m.headers[amqp.REASON_HEADER]) for m in dead] == ["rejected: http 422"]
+
+
+async def test_purged_queue_with_deliveries_in_flight_is_recovered_from_the_ledger(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    partner.state.rules["slowish"] = partner_mod.PathRule(delay_seconds=0.2)
+    await rs.load(pool, [rs.line(f"r{i}", partner.url("slowish")) for i in range(500)])
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _some_delivered(pool), 20, "deliveries in flight")
+        purged = await _purge(settings)
+    assert purged > 0
+    states = await rs.states(pool)
+    assert states.get("queued", 0) == purged  # their messages are gone: only the ledger knows
+
+    result = await rs.relay(settings, "replay", "--from", "ledger", "--state", "queued", "--apply")
+    assert result.code == 0 and f"replayed={purged}" in result.stdout, result.stdout
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _delivered(pool, 500), 60, "all 500 delivered")
+    assert partner.state.logical_events == 500
+    assert partner.state.duplicates == 0
+    assert max(partner.state.events.values()) == 1
+
+
+async def test_sending_row_whose_consumer_died_and_message_was_lost_is_rescued_once(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    await rs.load(pool, [rs.line("r1", partner.url())])
+    assert (await rs.relay(settings, "publish")).code == 0
+    crashing = await rs.start_consumer(settings, CRASH_AT="after_send")
+    assert await asyncio.wait_for(crashing.wait(), 30) == -signal.SIGKILL
+    assert await _purge(settings) == 1  # the redelivery is lost too
+    assert await _state_is(pool, "sending")
+
+    async def lease_expired() -> bool:
+        return bool(await pool.fetchval("SELECT lease_expires_at < now() FROM deliveries"))
+
+    await rs.wait_for(lease_expired, 10, "lease expiry")
+    rescued = await rs.relay(settings, "rescue")
+    assert rescued.code == 0 and "rescued=1" in rescued.stdout, rescued.stdout
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _delivered(pool, 1), 20, "rescued delivery delivered")
+    row = await pool.fetchrow("SELECT * FROM deliveries")
+    assert row["attempts"] == 2
+    assert partner.state.logical_events == 1
+    assert partner.state.events[row["idempotency_key"]] == 2  # resent with the same key
+    runs = await pool.fetch("SELECT kind, rescued_count FROM publish_runs ORDER BY id")
+    assert [(r["kind"], r["rescued_count"]) for r in runs] == [("publish", 0), ("rescue", 1)]
+
+
+async def test_message_over_the_delivery_limit_is_dead_lettered_by_the_broker(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    settings = settings.model_copy(update={"amqp_delivery_limit": 2})
+    await rs.load(pool, [rs.line("r1", partner.url())])
+    assert (await rs.relay(settings, "publish", AMQP_DELIVERY_LIMIT="2")).code == 0
+    # A consumer that crashes on this message every time (it requeues it unprocessed).
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(
+            amqp.Topology.from_settings(settings).lane_queue(amqp.BULK), passive=True
+        )
+        for _ in range(3):
+            message = await queue.get(timeout=5)
+            await message.nack(requeue=True)
+        assert await queue.get(fail=False) is None
+    dead = await _dead_letters(settings)
+    assert len(dead) == 1
+    assert dead[0].headers["x-first-death-reason"] == "delivery_limit"
+
+
+async def test_crash_at_each_step_of_the_retry_handoff_loses_nothing_and_sends_once(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, tmp_path: Path
+) -> None:
+    partner.state.rules["flaky"] = partner_mod.PathRule(status=503, first_n_per_key=1)
+    points = ["after_write", "after_publish"]
+    await rs.load(pool, [rs.line(p, partner.url("flaky")) for p in points])
+    assert (await rs.relay(settings, "publish")).code == 0
+    for point in points:
+        crashing = await rs.start_consumer(settings, CRASH_AT=point, PREFETCH="1")
+        assert await asyncio.wait_for(crashing.wait(), 30) == -signal.SIGKILL, point
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _delivered(pool, 2), 30, "both delivered")
+    assert partner.state.logical_events == 2
+    assert partner.state.duplicates == 0
+    assert partner.state.requests_by_path["flaky"] == 4  # two 503s, then one send each
+    rows = await pool.fetch("SELECT attempts FROM deliveries")
+    assert [r["attempts"] for r in rows] == [2, 2]
+
+
+async def _state_is(pool: asyncpg.Pool, state: str) -> bool:
+    return set(await rs.states(pool)) == {state}
+
+
+async def _some_delivered(pool: asyncpg.Pool) -> bool:
+    return (await rs.states(pool)).get("delivered", 0) >= 20
