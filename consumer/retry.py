@@ -79,7 +79,7 @@ def parse_attempts_by_channel(text: str) -> dict[str, int]:
     result: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = part.partition("=")
-        if not sep or not value.strip().isdigit() or int(value) < 1:
+        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
             raise ValueError(f"expected channel=attempts, got {part!r}")
         result[name.strip()] = int(value)
     return result
