@@ -27,16 +27,48 @@ log = logs.get("consumer")
 
 
 def build_channels(settings: Settings) -> dict[str, Channel]:
-    """The channel adapters this process can send through."""
-    from consumer.channels import webhook
+    """The channel adapters this process can send through (email/SMS when configured)."""
+    from consumer.channels import email, sms, webhook
 
-    config = webhook.WebhookConfig(
-        timeout_seconds=settings.http_timeout_seconds,
-        connect_timeout_seconds=settings.http_connect_timeout_seconds,
-        signing_secrets=tuple(s.get_secret_value() for s in settings.webhook_signing_secrets),
-        allow_networks=tuple(netpolicy.parse_networks(settings.allow_networks)),
-    )
-    return {"webhook": webhook.WebhookChannel(config)}
+    try:
+        channels: dict[str, Channel] = {
+            "webhook": webhook.WebhookChannel(
+                webhook.WebhookConfig(
+                    timeout_seconds=settings.http_timeout_seconds,
+                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
+                    signing_secrets=tuple(
+                        s.get_secret_value() for s in settings.webhook_signing_secrets
+                    ),
+                    allow_networks=tuple(netpolicy.parse_networks(settings.allow_networks)),
+                )
+            )
+        }
+        if settings.email_api_key.get_secret_value():
+            channels["email"] = email.EmailChannel(
+                email.EmailConfig(
+                    api_key=settings.email_api_key,
+                    sender=settings.email_sender,
+                    base_url=settings.email_api_base_url,
+                    timeout_seconds=settings.http_timeout_seconds,
+                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
+                )
+            )
+        if settings.sms_account_sid:
+            channels["sms"] = sms.SmsChannel(
+                sms.SmsConfig(
+                    account_sid=settings.sms_account_sid,
+                    auth_token=settings.sms_auth_token,
+                    from_number=settings.sms_from_number or None,
+                    messaging_service_sid=settings.sms_messaging_service_sid or None,
+                    base_url=settings.sms_api_base_url,
+                    timeout_seconds=settings.http_timeout_seconds,
+                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
+                )
+            )
+    except ValueError as exc:
+        # The adapters' own checks name the field; never the secret's value.
+        raise errors.ConfigError(f"channel settings: {exc}") from None
+    return channels
 
 
 def build_policy(settings: Settings) -> retry.RetryPolicy:
@@ -66,6 +98,7 @@ async def run(
             loop.add_signal_handler(sig, stop.set)
     broker_lost = asyncio.Event()
 
+    channels = dict(channels) if channels is not None else build_channels(settings)
     pool = await db.create_pool(settings)
     connection = await amqp.connect(settings, name=f"relay-consume@{socket.gethostname()}")
 
@@ -78,7 +111,6 @@ async def run(
     connection.close_callbacks.add(on_close)
     topology = amqp.Topology.from_settings(settings)
     consuming = False
-    channels = dict(channels) if channels is not None else build_channels(settings)
     try:
         setup_channel = await connection.channel()
         await amqp.declare(setup_channel, topology)

@@ -152,6 +152,28 @@ class Settings(BaseSettings):
         description="Standard Webhooks secrets (whsec_...), comma-separated; several during "
         "rotation. Empty: requests are not signed.",
     )
+    email_api_base_url: str = Field(
+        default="https://api.resend.com",
+        description="Base URL of the HTTP email API (Resend-style POST /emails).",
+    )
+    email_api_key: SecretStr = Field(
+        default=SecretStr(""), description="Email API key. Empty: the email channel is off."
+    )
+    email_sender: str = Field(
+        default="", description="From address of reminder e-mails, e.g. 'Reminders <r@x.com>'."
+    )
+    sms_api_base_url: str = Field(
+        default="https://api.twilio.com",
+        description="Base URL of the HTTP SMS API (Twilio-style Messages resource).",
+    )
+    sms_account_sid: str = Field(
+        default="", description="SMS account id (AC + 32 hex). Empty: the SMS channel is off."
+    )
+    sms_auth_token: SecretStr = Field(default=SecretStr(""), description="SMS API auth token.")
+    sms_from_number: str = Field(default="", description="Sender number (E.164).")
+    sms_messaging_service_sid: str = Field(
+        default="", description="Sender service id (MG...), instead of a from number."
+    )
     allow_networks: str = Field(
         default="",
         description="Comma-separated CIDRs that destinations may resolve to although not "
