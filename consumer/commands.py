@@ -22,5 +22,3 @@ async def consume(args: argparse.Namespace, settings: Settings) -> int:
         )
     finally:
         telem.shutdown()
-
-

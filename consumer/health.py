@@ -32,7 +32,9 @@ def build_app(ready: ReadyCheck, render_metrics: MetricsRender | None) -> web.Ap
     async def metrics(_: web.Request) -> web.Response:
         assert render_metrics is not None
         return web.Response(
-            body=render_metrics(), content_type="text/plain", charset="utf-8",
+            body=render_metrics(),
+            content_type="text/plain",
+            charset="utf-8",
             headers={"X-Content-Type": "version=0.0.4"},
         )
 

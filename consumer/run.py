@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import asyncpg
 from aio_pika.abc import AbstractQueue
 
-from consumer import health, retry, worker
+from consumer import budget, health, isolation, retry, worker
 from consumer.channels.base import Channel
 from service import amqp, db, errors, logs, netpolicy
 from service.clock import SystemClock
@@ -40,6 +40,10 @@ def build_channels(settings: Settings) -> dict[str, Channel]:
                         s.get_secret_value() for s in settings.webhook_signing_secrets
                     ),
                     allow_networks=tuple(netpolicy.parse_networks(settings.allow_networks)),
+                    # Requests never queue inside the HTTP client: isolation caps each
+                    # destination first, so the client's limits match it.
+                    connection_limit=settings.prefetch,
+                    connection_limit_per_host=destination_share(settings),
                 )
             )
         }
@@ -69,6 +73,11 @@ def build_channels(settings: Settings) -> dict[str, Channel]:
         # The adapters' own checks name the field; never the secret's value.
         raise errors.ConfigError(f"channel settings: {exc}") from None
     return channels
+
+
+def destination_share(settings: Settings) -> int:
+    """Sends one destination may have in flight in this process."""
+    return max(1, int(settings.prefetch * settings.destination_max_share))
 
 
 def build_policy(settings: Settings) -> retry.RetryPolicy:
@@ -116,6 +125,12 @@ async def run(
         await amqp.declare(setup_channel, topology)
         await setup_channel.close()
         publisher = await amqp.ConfirmedPublisher.open(connection, topology, settings)
+        budgets = budget.Budgets(
+            pool,
+            budget.parse_budgets(settings.budgets),
+            urgent_reserve_fraction=settings.budget_urgent_reserve,
+        )
+        await budgets.setup()
         work = worker.Worker(
             pool=pool,
             publisher=publisher,
@@ -125,10 +140,18 @@ async def run(
                 lease_seconds=settings.lease_seconds,
                 write_batch_max=settings.write_batch_max,
                 write_concurrency=max(1, settings.database_pool_size - 2),
+                budget_max_wait_seconds=settings.budget_max_wait_seconds,
+                send_timeout_seconds=settings.http_timeout_seconds,
             ),
             metrics=metrics,
             clock=SystemClock(),
             crash=CrashPoints(settings.crash_at),
+            guard=isolation.DestinationGuard(
+                max_in_flight=destination_share(settings),
+                failure_threshold=settings.breaker_failure_threshold,
+                cooldown_seconds=settings.breaker_cooldown_seconds,
+            ),
+            budgets=budgets,
         )
         work.start()
         consume_channel = await connection.channel()

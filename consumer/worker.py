@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,9 +20,10 @@ from typing import Any
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
+from consumer import budget, isolation
 from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
 from consumer.retry import Action, RetryPolicy
-from service import amqp, ledger, logs, messages
+from service import amqp, db, ledger, logs, messages
 from service.batching import Batcher
 from service.clock import Clock
 from service.crashpoints import CrashPoints
@@ -31,19 +32,15 @@ from service.telemetry import Metrics
 
 log = logs.get("consumer")
 
-# Budget wait hook: (claimed row) -> awaitable that returns when a send may start.
-BudgetWait = Callable[[Claimed], Awaitable[None]]
-
-
-async def _no_budget(_: Claimed) -> None:
-    return None
-
 
 @dataclass(frozen=True)
 class WorkerConfig:
     lease_seconds: float
     write_batch_max: int
     write_concurrency: int
+    budget_max_wait_seconds: float = 30.0
+    budget_defer_seconds: float = 1.0
+    send_timeout_seconds: float = 10.0
 
 
 class Worker:
@@ -59,7 +56,8 @@ class Worker:
         config: WorkerConfig,
         metrics: Metrics,
         clock: Clock,
-        budget_wait: BudgetWait = _no_budget,
+        guard: isolation.DestinationGuard,
+        budgets: budget.Budgets | None = None,
         rng: Callable[[], float] = random.random,
         crash: CrashPoints | None = None,
     ) -> None:
@@ -71,7 +69,8 @@ class Worker:
         self._config = config
         self._metrics = metrics
         self._clock = clock
-        self._budget_wait = budget_wait
+        self._guard = guard
+        self._budgets = budgets
         self._rng = rng
         self._claims: Batcher[int, Claimed | Unclaimable | None] = Batcher(
             self._claim_batch,
@@ -167,6 +166,7 @@ class Worker:
         except messages.MessageError as exc:
             await self._poison(message, str(exc))
             return
+        claimed_at = time.monotonic()  # before the claim: the lease ends no earlier
         result = await self._claims.submit(decoded.delivery_id)
         if result is None:
             await self._poison(message, "unknown delivery id", decoded.delivery_id)
@@ -174,7 +174,7 @@ class Worker:
         if isinstance(result, Unclaimable):
             await self._not_claimable(message, result)
             return
-        await self._attempt(message, result)
+        await self._attempt(message, result, claimed_at)
 
     async def _poison(
         self, message: AbstractIncomingMessage, reason: str, delivery_id: int | None = None
@@ -229,7 +229,9 @@ class Worker:
                 return (None, True) if row.send_stale else ("stale", False)
         return None, False
 
-    async def _attempt(self, message: AbstractIncomingMessage, row: Claimed) -> None:
+    async def _attempt(
+        self, message: AbstractIncomingMessage, row: Claimed, claimed_at: float
+    ) -> None:
         fields: dict[str, Any] = {
             "delivery_id": row.id,
             "key": row.idempotency_key,
@@ -254,31 +256,11 @@ class Worker:
                 "delivery skipped", extra={"event": "skipped", "reason": skip_reason, **fields}
             )
             return
-        channel = self._channels.get(row.channel)
         labels = {"channel": row.channel, "provider": row.provider}
-        if channel is None:
-            outcome = Outcome(OutcomeKind.REJECTED, error=f"channel {row.channel} not configured")
-            latency = 0.0
-        else:
-            wait_started = time.monotonic()
-            await self._budget_wait(row)
-            self._metrics.budget_wait.record(time.monotonic() - wait_started, labels)
-            assert row.destination is not None and row.payload is not None
-            started = time.monotonic()
-            outcome = await channel.send(
-                SendRequest(
-                    delivery_id=row.id,
-                    idempotency_key=row.idempotency_key,
-                    destination=row.destination,
-                    payload=row.payload,
-                    attempt=row.attempts,
-                    occurrence_at=row.occurrence_at,
-                    stale=stale,
-                )
-            )
-            latency = time.monotonic() - started
-            self._metrics.send_duration.record(latency, labels)
-            self._crash.hit("after_send")
+        sent = await self._send(message, row, stale, labels, claimed_at)
+        if sent is None:
+            return  # deferred without an attempt
+        outcome, latency = sent
         self._metrics.attempts.add(1, {**labels, "outcome": outcome.kind.value})
         decision = self._policy.decide(
             outcome.kind,
@@ -364,6 +346,93 @@ class Worker:
                 "latency_ms": round(latency * 1000, 1),
                 "fenced_out": not written,
                 **fields,
+            },
+        )
+
+    async def _send(
+        self,
+        message: AbstractIncomingMessage,
+        row: Claimed,
+        stale: bool,
+        labels: dict[str, str],
+        claimed_at: float,
+    ) -> tuple[Outcome, float] | None:
+        """Make the attempt through isolation and the budget; None if it was deferred."""
+        channel = self._channels.get(row.channel)
+        if row.destination_disabled:
+            return Outcome(OutcomeKind.REJECTED, error="destination disabled (410 gone)"), 0.0
+        if channel is None:
+            return Outcome(OutcomeKind.REJECTED, error=f"channel {row.channel} not configured"), 0.0
+        assert row.destination is not None and row.payload is not None
+        key = isolation.destination_key(row.channel, row.provider, row.destination)
+        admission = self._guard.enter(key)
+        if not admission.admitted:
+            await self._defer(message, row, admission.retry_after_seconds, admission.reason)
+            return None
+        failed: bool | None = None
+        try:
+            if self._budgets is not None:
+                wait_started = time.monotonic()
+                got = await self._budgets.acquire(
+                    row.provider,
+                    urgent=row.urgent,
+                    max_wait_seconds=self._config.budget_max_wait_seconds,
+                )
+                self._metrics.budget_wait.record(time.monotonic() - wait_started, labels)
+                if not got:
+                    await self._defer(
+                        message,
+                        row,
+                        self._config.budget_defer_seconds,
+                        "rate budget exhausted or paused",
+                    )
+                    return None
+            started = time.monotonic()
+            outcome = await channel.send(
+                SendRequest(
+                    delivery_id=row.id,
+                    idempotency_key=row.idempotency_key,
+                    destination=row.destination,
+                    payload=row.payload,
+                    attempt=row.attempts,
+                    occurrence_at=row.occurrence_at,
+                    stale=stale,
+                )
+            )
+            latency = time.monotonic() - started
+            failed = outcome.kind is OutcomeKind.RETRY
+        finally:
+            self._guard.leave(key, failed=failed)
+        self._metrics.send_duration.record(latency, labels)
+        self._crash.hit("after_send")
+        if outcome.kind is OutcomeKind.THROTTLED and self._budgets is not None:
+            # Every replica stops sending to this provider until the provider says.
+            await self._budgets.pause(row.provider, outcome.retry_after_seconds or 1.0)
+            self._metrics.throttles.add(1, labels)
+        if outcome.disable_destination:
+            await self._pool.execute(
+                db.q("disable_destination"), row.destination, outcome.error or "410 gone"
+            )
+        return outcome, latency
+
+    async def _defer(
+        self, message: AbstractIncomingMessage, row: Claimed, delay_seconds: float, reason: str
+    ) -> None:
+        """Give the claim back without counting an attempt, and park the message."""
+        retry_at = self._clock.now() + timedelta(seconds=delay_seconds)
+        if await ledger.release(self._pool, row.id, row.attempts, retry_at):
+            await self._publisher.publish_delayed(
+                message.body, lane=amqp.lane_of(row.urgent), remaining_seconds=delay_seconds
+            )
+        await message.ack()
+        self._metrics.deferrals.add(1, {"reason": reason.split(":")[0]})
+        log.info(
+            "send deferred without an attempt",
+            extra={
+                "event": "deferred",
+                "delivery_id": row.id,
+                "reason": reason,
+                "delay_seconds": round(delay_seconds, 3),
             },
         )
 

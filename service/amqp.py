@@ -31,7 +31,8 @@ from service.settings import Settings
 
 BULK = "bulk"
 URGENT = "urgent"
-TIER_HEADER = "x-relay-tier"
+# Not "x-" prefixed: a headers exchange ignores x- headers when matching.
+TIER_HEADER = "relay-delay-tier"
 REASON_HEADER = "x-relay-reason"
 
 

@@ -69,6 +69,7 @@ class Claimed:
     active: bool
     stale_after_seconds: float | None
     send_stale: bool
+    destination_disabled: bool
 
     @property
     def attempt_in_round(self) -> int:
@@ -227,6 +228,11 @@ async def select_rescue(
     """Rows whose message is presumed lost (see the query), oldest first."""
     rows = await executor.fetch(q("select_rescue"), overdue_seconds, limit)
     return [(r["id"], r["urgent"]) for r in rows]
+
+
+async def release(executor: Executor, delivery_id: int, attempt: int, retry_at: datetime) -> bool:
+    """sending -> retrying without counting the attempt (the send was deferred)."""
+    return await executor.fetchval(q("release"), delivery_id, attempt, retry_at) is not None
 
 
 async def touch_published(executor: Executor, ids: Sequence[int]) -> None:

@@ -7,13 +7,19 @@ Each field documents its default and unit. ``load()`` turns a validation failure
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from service import errors
+
+_NUMBER = r"\d+(\.\d+)?"
+_BUDGET = rf"\s*[\w.-]+={_NUMBER}(/{_NUMBER})?\s*"
+_BUDGETS = re.compile(rf"^({_BUDGET}(,{_BUDGET})*)?$")
+_ATTEMPTS = re.compile(r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$")
 
 
 class Settings(BaseSettings):
@@ -126,13 +132,43 @@ class Settings(BaseSettings):
     )
     max_attempts_per_channel: str = Field(
         default="",
-        pattern=r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$",
         description="Per-channel attempt budgets overriding max_attempts, e.g. 'sms=4,email=10'.",
     )
     delay_tiers_seconds: Annotated[list[float], NoDecode] = Field(
         default=[1, 5, 30, 120, 600, 3600],
         description="Delay-queue TTLs (s), comma-separated. A delay hops through the "
         "largest tier not longer than what remains.",
+    )
+
+    # --- budgets and isolation --------------------------------------------------------
+    budgets: str = Field(
+        default="",
+        description="Rate budgets per provider shared by all replicas: "
+        "'provider=rate[/burst],...' in messages per second, e.g. 'webhook=50/5,email=10'. "
+        "A provider without one is not rate-limited (a throttle answer still pauses it).",
+    )
+    budget_urgent_reserve: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="Share of each budget's burst that bulk sends leave for the urgent lane.",
+    )
+    budget_max_wait_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest a claimed send waits for budget before it is deferred (s).",
+    )
+    destination_max_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="Share of the prefetch one destination may use at once; more is deferred.",
+    )
+    breaker_failure_threshold: int = Field(
+        default=5, ge=1, description="Consecutive failures that open a destination's circuit."
+    )
+    breaker_cooldown_seconds: float = Field(
+        default=30.0, gt=0, description="How long an open circuit defers sends (s)."
     )
 
     # --- rescue -------------------------------------------------------------------
@@ -212,6 +248,31 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @model_validator(mode="after")
+    def _lease_outlasts_a_send(self) -> Settings:
+        # A claim must outlive the request it guards, or a second consumer could take
+        # the row while the first is still sending.
+        if self.lease_seconds <= self.http_timeout_seconds:
+            raise ValueError(
+                f"RELAY_LEASE_SECONDS ({self.lease_seconds}) must exceed RELAY_HTTP_TIMEOUT_SECONDS "
+                f"({self.http_timeout_seconds})"
+            )
+        return self
+
+    @field_validator("budgets")
+    @classmethod
+    def _budgets_syntax(cls, value: str) -> str:
+        if not _BUDGETS.match(value):
+            raise ValueError("expected provider=rate[/burst],... e.g. webhook=50/5,email=10")
+        return value
+
+    @field_validator("max_attempts_per_channel")
+    @classmethod
+    def _attempts_syntax(cls, value: str) -> str:
+        if not _ATTEMPTS.match(value):
+            raise ValueError("expected channel=attempts,... e.g. sms=4,email=10")
+        return value
+
     @field_validator("database_ssl")
     @classmethod
     def _ssl_mode(cls, value: str) -> str:
@@ -237,7 +298,9 @@ def load(**overrides: object) -> Settings:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "?"
+        if not first["loc"]:  # a rule across settings: its message names them
+            raise errors.ConfigError(first["msg"].removeprefix("Value error, ")) from None
+        field = str(first["loc"][0])
         raise errors.ConfigError(f"RELAY_{field.upper()}: {first['msg']}") from None
     except SettingsError as exc:
         raise errors.ConfigError(str(exc)) from None

@@ -35,6 +35,8 @@ class Metrics:
     run_created: Counter
     run_published: Counter
     poison: Counter
+    throttles: Counter
+    deferrals: Counter
 
     @classmethod
     def create(cls, meter: Meter) -> Metrics:
@@ -86,6 +88,16 @@ class Metrics:
             ),
             run_published=meter.create_counter(
                 "relay.publish.published", "{message}", "Messages confirmed by the broker"
+            ),
+            throttles=meter.create_counter(
+                "relay.budget.throttles",
+                "{response}",
+                "Throttle answers that paused a provider's budget",
+            ),
+            deferrals=meter.create_counter(
+                "relay.delivery.deferrals",
+                "{delivery}",
+                "Sends deferred without an attempt (budget, circuit open, share full)",
             ),
             poison=meter.create_counter(
                 "relay.delivery.poison", "{message}", "Malformed or unknown messages dead-lettered"

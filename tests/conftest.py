@@ -126,6 +126,7 @@ def settings(db_name: str, namespace: str, tmp_path: object) -> Settings:
         retry_multiplier=2.0,
         retry_max_seconds=5.0,
         lease_seconds=3.0,
+        http_timeout_seconds=2.0,
         health_port=0,
         shutdown_grace_seconds=10.0,
         rescue_after_seconds=30.0,

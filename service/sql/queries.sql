@@ -199,7 +199,10 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
        r.payload_version,
        (c.source = 'outbox' OR coalesce(r.active, false)) AS active,
        extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
-       coalesce(r.send_stale, false) AS send_stale
+       coalesce(r.send_stale, false) AS send_stale,
+       EXISTS (SELECT 1 FROM disabled_destinations AS dd
+               WHERE dd.destination = coalesce(c.destination, r.destination))
+           AS destination_disabled
 FROM claimed AS c LEFT JOIN reminders AS r ON r.id = c.reminder_id;
 
 -- name: unclaimable
@@ -339,3 +342,76 @@ UPDATE replays SET selected = $2, replayed = $3, finished_at = now() WHERE id = 
 
 -- name: delivery_lane
 SELECT id, state::text AS state, urgent FROM deliveries WHERE id = $1;
+
+---------------------------------------------------------------------------- budgets
+
+-- name: configure_budget
+-- Each consumer writes the configured budget at start-up (same settings everywhere).
+INSERT INTO rate_budgets (provider, rate_per_second, burst, tokens)
+VALUES ($1, $2, $3, $3)
+ON CONFLICT (provider) DO UPDATE SET
+    rate_per_second = excluded.rate_per_second, burst = excluded.burst, updated_at = now();
+
+-- name: ensure_budget
+-- A provider without a configured budget still gets a row, so a throttle can pause it.
+INSERT INTO rate_budgets (provider) VALUES ($1) ON CONFLICT (provider) DO NOTHING;
+
+-- name: lease_tokens
+-- Take up to $2 tokens from the provider's bucket (refilled at its rate, capped at its
+-- burst), leaving $3 tokens in it (the reserve kept for the urgent lane). No rate means
+-- no budget: only a throttle pause stops it. One row lock, held for one statement.
+WITH b AS (
+    SELECT provider, rate_per_second AS rate, paused_until,
+           CASE WHEN rate_per_second IS NULL THEN $2::float8
+                ELSE least(burst, tokens + rate_per_second
+                                  * extract(epoch FROM clock_timestamp() - refilled_at))
+           END AS available
+    FROM rate_budgets WHERE provider = $1
+    FOR UPDATE
+), g AS (
+    SELECT b.*,
+           CASE WHEN paused_until > clock_timestamp() THEN 0
+                ELSE greatest(0, floor(least($2::float8, available - $3::float8))) END AS granted
+    FROM b
+)
+UPDATE rate_budgets AS r SET
+    tokens = CASE WHEN g.rate IS NULL THEN 0 ELSE g.available - g.granted END,
+    refilled_at = clock_timestamp()
+FROM g
+WHERE r.provider = g.provider
+RETURNING g.granted::int AS granted, g.available, g.rate,
+          greatest(0, extract(epoch FROM g.paused_until - clock_timestamp()))::float8
+              AS paused_seconds;
+
+-- name: pause_budget
+-- A throttle answer: nobody sends to this provider until then.
+UPDATE rate_budgets SET
+    paused_until = greatest(coalesce(paused_until, clock_timestamp()),
+                            clock_timestamp() + make_interval(secs => $2)),
+    tokens = 0, refilled_at = clock_timestamp(), updated_at = now()
+WHERE provider = $1;
+
+---------------------------------------------------------------------------- destinations
+
+-- name: disable_destination
+-- A receiver said 410 Gone: stop its reminders and refuse queued sends to it.
+WITH d AS (
+    INSERT INTO disabled_destinations (destination, reason) VALUES ($1, $2)
+    ON CONFLICT (destination) DO NOTHING
+)
+UPDATE reminders SET active = false, updated_at = now()
+WHERE destination = $1 AND active;
+
+-- name: enable_destination
+DELETE FROM disabled_destinations WHERE destination = $1 RETURNING destination;
+
+-- name: list_disabled_destinations
+SELECT destination, reason, disabled_at FROM disabled_destinations ORDER BY disabled_at;
+
+-- name: release
+-- Give a claim back without counting an attempt: the send was deferred (budget paused
+-- for long, destination's circuit open, its concurrency share full).
+UPDATE deliveries SET state = 'retrying', attempts = attempts - 1, lease_expires_at = NULL,
+                      next_attempt_at = $3
+WHERE id = $1 AND state = 'sending' AND attempts = $2
+RETURNING id;
