@@ -102,7 +102,7 @@ class Budgets:
         specs: Mapping[str, BudgetSpec],
         *,
         urgent_reserve_fraction: float = 0.2,
-        lease_window_seconds: float = 0.05,
+        lease_window_seconds: float = 0.02,
         token_ttl_seconds: float = 0.1,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -60,6 +60,14 @@ class DestinationGuard:
         self._now = monotonic
         self._circuits: dict[str, _Circuit] = {}
 
+    def check(self, key: str) -> Admission:
+        """Would a send be refused because the circuit is open? Takes no slot."""
+        circuit = self._circuits.get(key)
+        now = self._now()
+        if circuit and circuit.failures >= self._threshold and now < circuit.open_until:
+            return Admission(False, circuit.open_until - now, "circuit open")
+        return Admission(True)
+
     def enter(self, key: str) -> Admission:
         """Admit one send to ``key`` now, or say when to try again."""
         circuit = self._circuits.setdefault(key, _Circuit())

@@ -277,6 +277,7 @@ class Worker:
             response_excerpt=outcome.response_excerpt,
             payload_version=row.payload_version,
             started_at=now,
+            stale=stale,
         )
         if decision.action is Action.DELIVERED:
             completion = Completion(
@@ -365,28 +366,37 @@ class Worker:
             return Outcome(OutcomeKind.REJECTED, error=f"channel {row.channel} not configured"), 0.0
         assert row.destination is not None and row.payload is not None
         key = isolation.destination_key(row.channel, row.provider, row.destination)
+        # A broken destination is deferred before it can spend any budget.
+        blocked = self._guard.check(key)
+        if not blocked.admitted:
+            await self._defer(message, row, blocked.retry_after_seconds, blocked.reason)
+            return None
+        if self._budgets is not None:
+            wait_started = time.monotonic()
+            got = await self._budgets.acquire(
+                row.provider,
+                urgent=row.urgent,
+                max_wait_seconds=self._config.budget_max_wait_seconds,
+            )
+            self._metrics.budget_wait.record(time.monotonic() - wait_started, labels)
+            if not got:
+                reason = "rate budget exhausted or paused"
+                await self._defer(message, row, self._config.budget_defer_seconds, reason)
+                return None
+        lease_left = self._config.lease_seconds - (time.monotonic() - claimed_at)
+        if lease_left <= self._config.send_timeout_seconds:
+            # The wait ate the lease: sending now could overlap another claim of the row.
+            reason = "lease too short after waiting"
+            await self._defer(message, row, self._config.budget_defer_seconds, reason)
+            return None
+        # The destination's share is taken only for the request itself, never while
+        # waiting for budget, so one provider's backlog cannot crowd out another's.
         admission = self._guard.enter(key)
         if not admission.admitted:
             await self._defer(message, row, admission.retry_after_seconds, admission.reason)
             return None
         failed: bool | None = None
         try:
-            if self._budgets is not None:
-                wait_started = time.monotonic()
-                got = await self._budgets.acquire(
-                    row.provider,
-                    urgent=row.urgent,
-                    max_wait_seconds=self._config.budget_max_wait_seconds,
-                )
-                self._metrics.budget_wait.record(time.monotonic() - wait_started, labels)
-                if not got:
-                    await self._defer(
-                        message,
-                        row,
-                        self._config.budget_defer_seconds,
-                        "rate budget exhausted or paused",
-                    )
-                    return None
             started = time.monotonic()
             outcome = await channel.send(
                 SendRequest(

@@ -150,12 +150,16 @@ class PublishRun:
         self.run_id = row["id"]
         self._metrics.scheduler_lag.record(max((row["started_at"] - intended).total_seconds(), 0))
         fields = {"event": "publish_run", "run_id": self.run_id}
-        if not rescue_only and await self._pool.fetchval(db.q("admission_paused")):
-            log.info("admission paused; run recorded, nothing admitted", extra=fields)
-            return await self._finish("paused")
+        paused = not rescue_only and await self._pool.fetchval(db.q("admission_paused"))
+        if paused:
+            # Pause stops admission of scheduled occurrences only. What is already owed
+            # (outbox intents committed with application state, pending rows, lost
+            # messages) is still relayed: it was promised before the pause.
+            log.info("admission paused; no occurrences admitted", extra=fields)
         try:
             if not rescue_only:
-                await self._admit_all(now)
+                if not paused:
+                    await self._admit_all(now)
                 await self._sweep_pending()
             await self._rescue()
         except (OSError, asyncpg.PostgresError) as exc:
@@ -163,6 +167,8 @@ class PublishRun:
             await self._finish_safely("failed")
             raise
         status = "ok" if self._error is None and self.counts.failed == 0 else "incomplete"
+        if paused and status == "ok":
+            status = "paused"
         return await self._finish(status)
 
     async def _admit_all(self, now: datetime) -> None:

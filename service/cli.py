@@ -31,6 +31,8 @@ HANDLERS = {
     "pause": "service.commands:pause",
     "resume": "service.commands:resume",
     "partner": "service.commands:partner",
+    "destinations.list": "service.commands:destinations_list",
+    "destinations.enable": "service.commands:destinations_enable",
     "demo": "service.demo:main",
     "publish": "publisher.commands:publish",
     "rescue": "publisher.commands:rescue",
@@ -105,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--limit", type=int, default=1000)
     st.add_argument("--json", action="store_true")
 
+    dst = sub.add_parser("destinations", help="destinations disabled by a 410 Gone")
+    dsub = dst.add_subparsers(dest="action", required=True, metavar="ACTION")
+    dsub.add_parser("list", help="list disabled destinations")
+    enable = dsub.add_parser("enable", help="enable a destination again (reactivate reminders)")
+    enable.add_argument("destination")
+
     sub.add_parser("pause", help="pause admission: publish runs record and exit")
     sub.add_parser("resume", help="resume admission")
 
@@ -134,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.ConfigError as exc:
         print(f"relay: configuration error: {exc}", file=sys.stderr)
         return errors.ExitCode.CONFIG
-    name = args.command + (f".{args.action}" if args.command == "reminders" else "")
+    name = args.command + (f".{args.action}" if getattr(args, "action", None) else "")
     try:
         return asyncio.run(resolve(name)(args, config))
     except errors.ConfigError as exc:

@@ -60,18 +60,27 @@ async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
     return errors.ExitCode.OK
 
 
+def _utc(at: datetime | None) -> str:
+    return f"{at:%Y-%m-%d %H:%M:%S}" if at else "-"
+
+
+def _describe_schedule(row: asyncpg.Record) -> str:
+    if row["schedule_kind"] == "daily":
+        return f"daily {row['daily_at']:%H:%M} {row['timezone']}"
+    if row["schedule_kind"] == "cron":
+        return f"cron {row['cron']} {row['timezone']}"
+    return f"once {_utc(row['due_at'])}"
+
+
 async def reminders_list(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         rows = await pool.fetch(db.q("list_reminders"), args.after, args.limit)
-    print(f"{'id':<28} {'channel':<8} {'schedule':<22} {'next due (UTC)':<20} active")
+    print(f"{'id':<28} {'channel':<8} {'schedule':<34} {'next due (UTC)':<20} active")
     for r in rows:
-        what = {
-            "once": f"once {r['due_at']:%Y-%m-%d %H:%M}" if r["due_at"] else "once",
-            "daily": f"daily {r['daily_at']:%H:%M} {r['timezone']}",
-            "cron": f"cron {r['cron']} {r['timezone']}",
-        }[r["schedule_kind"]]
-        due = f"{r['next_due_at']:%Y-%m-%d %H:%M:%S}" if r["next_due_at"] else "-"
-        print(f"{r['id']:<28} {r['channel']:<8} {what[:22]:<22} {due:<20} {r['active']}")
+        print(
+            f"{r['id']:<28} {r['channel']:<8} {_describe_schedule(r)[:34]:<34} "
+            f"{_utc(r['next_due_at']):<20} {r['active']}"
+        )
     return errors.ExitCode.OK
 
 
@@ -176,4 +185,26 @@ async def partner(args: argparse.Namespace, settings: Settings) -> int:
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+    return errors.ExitCode.OK
+
+
+async def destinations_list(args: argparse.Namespace, settings: Settings) -> int:
+    async with _pool(settings) as pool:
+        rows = await pool.fetch(db.q("list_disabled_destinations"))
+    if not rows:
+        print("no disabled destinations")
+    for r in rows:
+        print(f"{r['disabled_at']:%Y-%m-%d %H:%M:%S}  {r['destination']}  ({r['reason']})")
+    return errors.ExitCode.OK
+
+
+async def destinations_enable(args: argparse.Namespace, settings: Settings) -> int:
+    async with _pool(settings) as pool, pool.acquire() as conn, conn.transaction():
+        found = await conn.fetchval(db.q("enable_destination"), args.destination)
+        if found is None:
+            print(f"relay: {args.destination!r} is not disabled", file=sys.stderr)
+            return errors.ExitCode.INCOMPLETE
+        count = await conn.fetchval(db.q("reactivate_destination_reminders"), args.destination)
+    print(f"enabled; {count} reminders reactivated (their next occurrence is recomputed "
+          "by their missed-fire policy)")
     return errors.ExitCode.OK

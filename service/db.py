@@ -11,6 +11,7 @@ import json
 import re
 import ssl as ssl_module
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -49,9 +50,9 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(kind, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-def _ssl_arg(mode: str) -> Any:
+def _ssl_arg(mode: str, root_cert: Path | None) -> Any:
     if mode in ("verify-ca", "verify-full"):
-        context = ssl_module.create_default_context()
+        context = ssl_module.create_default_context(cafile=root_cert)
         context.check_hostname = mode == "verify-full"
         return context
     return mode
@@ -66,7 +67,7 @@ async def create_pool(settings: Settings, *, size: int | None = None) -> asyncpg
             min_size=min(2, pool_size),
             max_size=pool_size,
             init=_init_connection,
-            ssl=_ssl_arg(settings.database_ssl),
+            ssl=_ssl_arg(settings.database_ssl, settings.database_ssl_root_cert),
             timeout=10,
         )
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:

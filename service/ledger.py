@@ -98,6 +98,7 @@ class Attempt:
     response_excerpt: str | None = None
     payload_version: int | None = None
     started_at: datetime | None = None
+    stale: bool = False  # sent although older than the reminder's stale_after
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ async def complete(conn: Connection, completions: Sequence[Completion]) -> set[i
                 [_clip(c.record.response_excerpt, 1000) for c in records if c.record],
                 [c.record.payload_version for c in records if c.record],
                 [c.record.started_at for c in records if c.record],
+                [c.record.stale for c in records if c.record],
             )
     return {r["id"] for r in rows}
 

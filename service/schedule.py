@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from functools import lru_cache
 from typing import Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import (  # type: ignore[import-untyped,unused-ignore]
     CroniterBadDateError,
-    CroniterError,
     croniter,
 )
 
@@ -179,18 +179,22 @@ def _check_cron(expr: object) -> None:
             f"bad cron expression {expr!r}: expected 5 fields "
             f"(minute hour day-of-month month day-of-week), got {len(fields)}"
         )
+    _check_cron_fires(expr)
+
+
+# Parsing a cron expression costs about a millisecond and every public function validates
+# its schedule, so remember the expressions already found good. Pure memoisation: the
+# answer depends only on the string; failures raise and are not cached.
+@lru_cache(maxsize=4096)
+def _check_cron_fires(expr: str) -> None:
     try:
-        valid = bool(croniter.is_valid(expr))
-    except Exception:  # croniter raises assorted types on odd input
-        valid = False
-    if not valid:
-        raise ScheduleError(f"bad cron expression {expr!r}")
+        it = croniter(expr, datetime(2000, 1, 1))
+    except Exception as exc:  # CroniterBadCronError, or other types on odd input
+        raise ScheduleError(f"bad cron expression {expr!r}: {exc}") from exc
     try:
-        croniter(expr, datetime(2000, 1, 1)).get_next(datetime)
+        it.get_next(datetime)
     except CroniterBadDateError as exc:  # e.g. "0 0 30 2 *" (30 February)
         raise ScheduleError(f"bad cron expression {expr!r}: it never fires") from exc
-    except CroniterError as exc:
-        raise ScheduleError(f"bad cron expression {expr!r}: {exc}") from exc
 
 
 def _require_aware(name: str, value: object) -> datetime:

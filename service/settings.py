@@ -41,6 +41,11 @@ class Settings(BaseSettings):
         default="prefer",
         description="PostgreSQL TLS mode: disable, prefer, require, verify-ca, verify-full.",
     )
+    database_ssl_root_cert: Path | None = Field(
+        default=None,
+        description="CA file that signed the database's certificate (verify-ca/verify-full); "
+        "default: the system's CA store.",
+    )
     database_pool_size: int = Field(
         default=10, ge=1, le=200, description="Connections in each process's pool."
     )
@@ -254,8 +259,8 @@ class Settings(BaseSettings):
         # the row while the first is still sending.
         if self.lease_seconds <= self.http_timeout_seconds:
             raise ValueError(
-                f"RELAY_LEASE_SECONDS ({self.lease_seconds}) must exceed RELAY_HTTP_TIMEOUT_SECONDS "
-                f"({self.http_timeout_seconds})"
+                f"RELAY_LEASE_SECONDS ({self.lease_seconds}) must exceed "
+                f"RELAY_HTTP_TIMEOUT_SECONDS ({self.http_timeout_seconds})"
             )
         return self
 

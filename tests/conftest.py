@@ -26,7 +26,8 @@ from tests.support import relay as relay_support
 
 BASE_DB_URL = os.environ.get("RELAY_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("RELAY_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-TEMPLATE = "relay_test_template"
+# Per session: concurrent test runs on one server must not drop each other's template.
+TEMPLATE = f"relay_test_template_{os.getpid()}"
 SECRET = "whsec_" + base64.b64encode(b"reminder-relay-test-secret-0001").decode()
 
 
@@ -57,7 +58,7 @@ def servers_up() -> None:
 
 
 @pytest.fixture(scope="session")
-def template_db(servers_up: None) -> str:
+def template_db(servers_up: None) -> Iterator[str]:
     """A database migrated once per session, cloned by each test."""
 
     async def build() -> None:
@@ -74,7 +75,16 @@ def template_db(servers_up: None) -> str:
             await pool.close()
 
     asyncio.run(build())
-    return TEMPLATE
+    yield TEMPLATE
+
+    async def drop() -> None:
+        admin = await asyncpg.connect(BASE_DB_URL)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+    asyncio.run(drop())
 
 
 @pytest.fixture

@@ -235,7 +235,7 @@ class WebhookChannel:
             return None, problem
         return url, None
 
-    def _headers(self, key: str, body: str) -> dict[str, str]:
+    def _headers(self, key: str, body: str, *, stale: bool = False) -> dict[str, str]:
         timestamp = int(time.time())
         signed_at = datetime.fromtimestamp(timestamp, UTC)
         headers = {
@@ -245,6 +245,9 @@ class WebhookChannel:
             "webhook-id": key,
             "webhook-timestamp": str(timestamp),
         }
+        if stale:
+            # Sent although older than the reminder's stale_after: the receiver decides.
+            headers["X-Relay-Stale"] = "true"
         if self._signers:
             # The standardwebhooks library signs f"{id}.{timestamp}.{body}"; it
             # floors the datetime to whole seconds, matching the header above.
@@ -286,7 +289,7 @@ class WebhookChannel:
             async with session.post(
                 url,
                 data=data,
-                headers=self._headers(request.idempotency_key, body),
+                headers=self._headers(request.idempotency_key, body, stale=request.stale),
                 allow_redirects=False,
             ) as response:
                 bounded = await read_bounded(response, cfg.max_response_bytes)

@@ -232,14 +232,14 @@ RETURNING d.id;
 -- name: record_attempts
 -- History of every attempt; a late real outcome replaces a 'lost' placeholder.
 INSERT INTO delivery_attempts (delivery_id, attempt, outcome, http_status, latency_ms, error,
-                               response_excerpt, payload_version, started_at)
+                               response_excerpt, payload_version, started_at, stale)
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::float8[], $6::text[],
-                     $7::text[], $8::int[], $9::timestamptz[])
+                     $7::text[], $8::int[], $9::timestamptz[], $10::bool[])
 ON CONFLICT (delivery_id, attempt) DO UPDATE SET
     outcome = excluded.outcome, http_status = excluded.http_status,
     latency_ms = excluded.latency_ms, error = excluded.error,
     response_excerpt = excluded.response_excerpt, payload_version = excluded.payload_version,
-    started_at = excluded.started_at, finished_at = now();
+    started_at = excluded.started_at, stale = excluded.stale, finished_at = now();
 
 -- name: select_rescue
 -- Rows whose message should have arrived long ago: lost by the broker, purged, or held by
@@ -404,6 +404,14 @@ WHERE destination = $1 AND active;
 
 -- name: enable_destination
 DELETE FROM disabled_destinations WHERE destination = $1 RETURNING destination;
+
+-- name: reactivate_destination_reminders
+WITH r AS (
+    UPDATE reminders SET active = true, updated_at = now()
+    WHERE destination = $1 AND NOT active
+    RETURNING id
+)
+SELECT count(*) FROM r;
 
 -- name: list_disabled_destinations
 SELECT destination, reason, disabled_at FROM disabled_destinations ORDER BY disabled_at;

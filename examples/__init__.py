@@ -1,0 +1,1 @@
+"""Worked examples of using reminder-relay from an application (not part of the product)."""

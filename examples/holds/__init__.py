@@ -1,0 +1,1 @@
+"""Expiring support holds: the transactional outbox in a worked example."""
