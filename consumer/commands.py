@@ -18,7 +18,10 @@ async def consume(args: argparse.Namespace, settings: Settings) -> int:
     telem = telemetry.setup("relay-consume", [PrometheusMetricReader()])
     try:
         return await consume_run.run(
-            settings, metrics=telem.metrics, render_metrics=lambda: generate_latest(REGISTRY)
+            settings,
+            metrics=telem.metrics,
+            tracer=telem.tracer,
+            render_metrics=lambda: generate_latest(REGISTRY),
         )
     finally:
         telem.shutdown()

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 
 import asyncpg
 from aio_pika.abc import AbstractQueue
+from opentelemetry import trace
 
-from consumer import budget, health, isolation, retry, worker
+from consumer import budget, health, isolation, retry, sampler, worker
 from consumer.channels.base import Channel
 from service import amqp, db, errors, logs, netpolicy
 from service.clock import SystemClock
@@ -98,6 +99,7 @@ async def run(
     render_metrics: health.MetricsRender | None = None,
     channels: Mapping[str, Channel] | None = None,
     stop: asyncio.Event | None = None,
+    tracer: trace.Tracer | None = None,
 ) -> int:
     """Consume until SIGTERM/SIGINT (or until ``stop`` is set); return the exit code."""
     if stop is None:
@@ -152,6 +154,7 @@ async def run(
                 cooldown_seconds=settings.breaker_cooldown_seconds,
             ),
             budgets=budgets,
+            tracer=tracer,
         )
         work.start()
         consume_channel = await connection.channel()
@@ -182,9 +185,17 @@ async def run(
             tag = await queue.consume(work.on_message)
             queues.append((queue, tag))
         consuming = True
+        metrics.snapshot.ready = True
+        sampler_task = asyncio.create_task(
+            sampler.run_sampler(
+                pool, connection, topology, metrics.snapshot, settings.metrics_sample_seconds
+            )
+        )
         log.info("consuming", extra={"event": "consume_started", "prefetch": settings.prefetch})
 
         await stop.wait()
+        sampler_task.cancel()
+        metrics.snapshot.ready = False
         if broker_lost.is_set():
             log.error("broker connection lost", extra={"event": "broker_lost"})
             await work.close()

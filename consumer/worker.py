@@ -19,11 +19,13 @@ from typing import Any
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from consumer import budget, isolation
 from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
 from consumer.retry import Action, RetryPolicy
-from service import amqp, db, ledger, logs, messages
+from service import amqp, db, ledger, logs, messages, telemetry
 from service.batching import Batcher
 from service.clock import Clock
 from service.crashpoints import CrashPoints
@@ -60,7 +62,9 @@ class Worker:
         budgets: budget.Budgets | None = None,
         rng: Callable[[], float] = random.random,
         crash: CrashPoints | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
+        self._tracer = tracer or telemetry.noop_tracer()
         self._crash = crash or CrashPoints()
         self._pool = pool
         self._publisher = publisher
@@ -161,11 +165,29 @@ class Worker:
             self.handled += 1
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
+        # One span per delivery message, a child of the publish run that sent it (the
+        # trace context travels in the AMQP headers), keyed by delivery id only.
+        with self._tracer.start_as_current_span(
+            f"{message.routing_key or amqp.BULK} process",
+            context=telemetry.extract_context(message.headers),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": message.exchange or "",
+                "messaging.rabbitmq.destination.routing_key": message.routing_key or "",
+            },
+        ) as span:
+            await self._handle_in_span(message, span)
+
+    async def _handle_in_span(self, message: AbstractIncomingMessage, span: Span) -> None:
         try:
             decoded = messages.decode(message.body)
         except messages.MessageError as exc:
+            span.set_attribute("relay.poison", str(exc))
             await self._poison(message, str(exc))
             return
+        span.set_attribute("relay.delivery_id", decoded.delivery_id)
         claimed_at = time.monotonic()  # before the claim: the lease ends no earlier
         result = await self._claims.submit(decoded.delivery_id)
         if result is None:
@@ -174,13 +196,18 @@ class Worker:
         if isinstance(result, Unclaimable):
             await self._not_claimable(message, result)
             return
+        span.set_attribute("relay.attempt", result.attempts)
+        if result.run_id is not None:
+            span.set_attribute("relay.run_id", result.run_id)
         await self._attempt(message, result, claimed_at)
 
     async def _poison(
         self, message: AbstractIncomingMessage, reason: str, delivery_id: int | None = None
     ) -> None:
         headers = {amqp.REASON_HEADER: reason, "x-relay-source-queue": message.routing_key or ""}
-        await self._publisher.publish_dead(message.body, headers)
+        await self._publisher.publish_dead(
+            message.body, {**telemetry.trace_headers(message.headers), **headers}
+        )
         await message.ack()
         self._metrics.poison.add(1, {"reason": reason.split(":")[0]})
         self._metrics.dead_letters.add(1, {"reason": reason.split(":")[0]})
@@ -204,7 +231,10 @@ class Worker:
         until = row.lease_expires_at if row.state is State.SENDING else row.next_attempt_at
         remaining = max((until - row.now).total_seconds(), 0.0) if until else 0.0
         tier = await self._publisher.publish_delayed(
-            message.body, lane=message.routing_key or amqp.BULK, remaining_seconds=remaining
+            message.body,
+            lane=message.routing_key or amqp.BULK,
+            remaining_seconds=remaining,
+            headers=telemetry.trace_headers(message.headers),
         )
         await message.ack()
         self._metrics.redelays.add(1, {"state": row.state.value})
@@ -318,12 +348,14 @@ class Worker:
                 message.body,
                 lane=amqp.lane_of(row.urgent),
                 remaining_seconds=decision.delay_seconds,
+                headers=telemetry.trace_headers(message.headers),
             )
             self._metrics.retries_scheduled.add(1, labels)
         elif written and decision.action is Action.DEAD:
             await self._publisher.publish_dead(
                 message.body,
                 {
+                    **telemetry.trace_headers(message.headers),
                     amqp.REASON_HEADER: completion.error or "dead",
                     "x-relay-last-status": outcome.http_status or 0,
                     "x-relay-attempts": row.attempts,
@@ -334,6 +366,11 @@ class Worker:
         if written and decision.action is not Action.DELIVERED:
             self._crash.hit("after_publish")
         await message.ack()
+        span = trace.get_current_span()
+        span.set_attribute("relay.outcome", outcome.kind.value)
+        span.set_attribute("relay.decision", decision.action.value)
+        if outcome.http_status is not None:
+            span.set_attribute("http.response.status_code", outcome.http_status)
         level = 40 if decision.action is Action.DEAD else 20
         log.log(
             level,
@@ -432,7 +469,10 @@ class Worker:
         retry_at = self._clock.now() + timedelta(seconds=delay_seconds)
         if await ledger.release(self._pool, row.id, row.attempts, retry_at):
             await self._publisher.publish_delayed(
-                message.body, lane=amqp.lane_of(row.urgent), remaining_seconds=delay_seconds
+                message.body,
+                lane=amqp.lane_of(row.urgent),
+                remaining_seconds=delay_seconds,
+                headers=telemetry.trace_headers(message.headers),
             )
         await message.ack()
         self._metrics.deferrals.add(1, {"reason": reason.split(":")[0]})

@@ -33,23 +33,33 @@ def _print_run(result: publish_run.RunResult) -> None:
     )
 
 
-async def publish(args: argparse.Namespace, settings: Settings) -> int:
-    result = await publish_run.run(
-        settings,
-        metrics=telemetry.noop(),
-        clock=SystemClock(),
-        intended_fire_at=_parse_time(args.scheduled_at, "--scheduled-at"),
-    )
+async def _run(settings: Settings, *, rescue_only: bool, intended: datetime | None) -> int:
+    # Short-lived: metrics and spans are pushed by OTLP when an endpoint is configured
+    # (OTEL_EXPORTER_OTLP_ENDPOINT) and flushed before exit; the run is in the ledger anyway.
+    telem = telemetry.setup("relay-publish")
+    try:
+        result = await publish_run.run(
+            settings,
+            metrics=telem.metrics,
+            clock=SystemClock(),
+            intended_fire_at=intended,
+            rescue_only=rescue_only,
+            tracer=telem.tracer,
+        )
+    finally:
+        telem.shutdown()
     _print_run(result)
     return result.exit_code
+
+
+async def publish(args: argparse.Namespace, settings: Settings) -> int:
+    return await _run(
+        settings, rescue_only=False, intended=_parse_time(args.scheduled_at, "--scheduled-at")
+    )
 
 
 async def rescue(args: argparse.Namespace, settings: Settings) -> int:
-    result = await publish_run.run(
-        settings, metrics=telemetry.noop(), clock=SystemClock(), rescue_only=True
-    )
-    _print_run(result)
-    return result.exit_code
+    return await _run(settings, rescue_only=True, intended=None)
 
 
 async def replay(args: argparse.Namespace, settings: Settings) -> int:

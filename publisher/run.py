@@ -22,8 +22,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
+from opentelemetry import trace
 
-from service import amqp, db, errors, ledger, logs, schedule
+from service import amqp, db, errors, ledger, logs, schedule, telemetry
 from service.clock import Clock
 from service.ledger import NewDelivery, State
 from service.settings import Settings
@@ -124,7 +125,10 @@ class PublishRun:
         metrics: Metrics,
         clock: Clock,
         broker_error: str | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
+        self._tracer = tracer or telemetry.noop_tracer()
+        self._headers: dict[str, Any] = {}
         self._settings = settings
         self._pool = pool
         self._publisher = publisher
@@ -138,7 +142,22 @@ class PublishRun:
     async def execute(
         self, intended_fire_at: datetime | None = None, *, rescue_only: bool = False
     ) -> RunResult:
-        """Run admission, the pending sweep and rescue (or, ``rescue_only``, just rescue)."""
+        """Run admission, the pending sweep and rescue (or, ``rescue_only``, just rescue).
+
+        The run is one span; its context rides in every message's headers, so each
+        delivery attempt's span joins the run's trace.
+        """
+        name = "relay rescue run" if rescue_only else "relay publish run"
+        with self._tracer.start_as_current_span(name) as span:
+            result = await self._execute(intended_fire_at, rescue_only=rescue_only)
+            span.set_attribute("relay.run_id", result.run_id)
+            span.set_attribute("relay.run.status", result.status)
+            for counted, value in result.counts.__dict__.items():
+                span.set_attribute(f"relay.run.{counted}", value)
+            return result
+
+    async def _execute(self, intended_fire_at: datetime | None, *, rescue_only: bool) -> RunResult:
+        self._headers = telemetry.inject_headers()
         now = self._clock.now()
         # Without a scheduled time from the caller, the run is as late as the oldest
         # occurrence it is about to fire: that is the lag a reminder's receiver sees.
@@ -212,7 +231,7 @@ class PublishRun:
         )
         if not rows:
             return
-        confirmed, failed = await self._publisher.publish_many(rows)
+        confirmed, failed = await self._publisher.publish_many(rows, self._headers)
         await ledger.touch_published(self._pool, confirmed)
         self.counts.rescued += len(confirmed)
         self.counts.failed += len(failed)
@@ -233,7 +252,7 @@ class PublishRun:
         if self._publisher is None:
             self.counts.failed += len(items)
             return
-        confirmed, failed = await self._publisher.publish_many(items)
+        confirmed, failed = await self._publisher.publish_many(items, self._headers)
         await ledger.mark_queued(self._pool, confirmed)
         self.counts.published += len(confirmed)
         self.counts.failed += len(failed)
@@ -284,6 +303,7 @@ async def run(
     clock: Clock,
     intended_fire_at: datetime | None = None,
     rescue_only: bool = False,
+    tracer: trace.Tracer | None = None,
 ) -> RunResult:
     """Composition root of ``relay publish`` (and ``relay rescue``)."""
     pool = await db.create_pool(settings, size=2)
@@ -306,6 +326,7 @@ async def run(
             metrics=metrics,
             clock=clock,
             broker_error=broker_error,
+            tracer=tracer,
         ).execute(intended_fire_at, rescue_only=rescue_only)
     finally:
         if connection is not None:

@@ -205,6 +205,8 @@ async def destinations_enable(args: argparse.Namespace, settings: Settings) -> i
             print(f"relay: {args.destination!r} is not disabled", file=sys.stderr)
             return errors.ExitCode.INCOMPLETE
         count = await conn.fetchval(db.q("reactivate_destination_reminders"), args.destination)
-    print(f"enabled; {count} reminders reactivated (their next occurrence is recomputed "
-          "by their missed-fire policy)")
+    print(
+        f"enabled; {count} reminders reactivated (their next occurrence is recomputed "
+        "by their missed-fire policy)"
+    )
     return errors.ExitCode.OK

@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     write_batch_max: int = Field(
         default=200, ge=1, le=5000, description="Most claims/outcomes grouped in one transaction."
     )
+    metrics_sample_seconds: float = Field(
+        default=15.0, gt=0, description="How often the consumer refreshes its gauges (s)."
+    )
     health_host: str = Field(default="0.0.0.0", description="Address of the health endpoint.")
     health_port: int = Field(
         default=8081, ge=0, le=65535, description="Port of /livez, /readyz, /metrics (0: off)."

@@ -55,9 +55,9 @@ class RunReport:
 
 
 async def run_reports(
-    pool: asyncpg.Pool, run_id: int | None, count: int, now: datetime
+    pool: asyncpg.Pool, run_id: int | None, count: int, now: datetime, kind: str | None = None
 ) -> list[RunReport]:
-    runs = await pool.fetch(db.q("runs_recent"), run_id, count)
+    runs = await pool.fetch(db.q("runs_recent"), run_id, count, kind)
     reports = {
         r["id"]: RunReport(
             run_id=r["id"],

@@ -1,131 +1,283 @@
-"""OpenTelemetry metrics (and the instruments every process records into).
+"""OpenTelemetry metrics and traces for every relay process.
 
-Each process builds one ``Telemetry`` in its composition root and passes ``metrics``
-down; nothing here is global except what the OpenTelemetry API itself keeps. Names and
-units follow OpenTelemetry conventions (``docs/metrics.md`` lists them).
+Each process builds one ``Telemetry`` in its composition root (``setup``) and passes
+``metrics`` and ``tracer`` down; nothing here is global except the W3C trace-context
+propagator the OpenTelemetry API keeps. Names and units follow OpenTelemetry
+conventions and are listed in ``docs/metrics.md``; attributes are low-cardinality
+(channel, provider, outcome, reason, state, queue) and never recipient data.
+
+Export: the consumer serves ``/metrics`` for Prometheus (``PrometheusMetricReader``);
+any process pushes metrics and traces by OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT``
+is set (the short-lived publisher flushes before it exits).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry import metrics as otel_metrics
-from opentelemetry.metrics import Counter, Histogram, Meter
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+# Seconds: from a fast local receiver (ms) to a provider at its timeout (10 s+).
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LAG_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
+
+
+@dataclass
+class Snapshot:
+    """Values observed by the gauges, refreshed by the consumer's sampler task."""
+
+    queue_depth: dict[str, int] = field(default_factory=dict)  # queue -> ready messages
+    states: dict[str, int] = field(default_factory=dict)  # ledger state -> rows
+    oldest_claimable_seconds: float = 0.0
+    latest_run_completion: float | None = None
+    latest_run_age_seconds: float | None = None
+    latest_run_lag_seconds: float | None = None
+    ready: bool = False
 
 
 @dataclass(frozen=True)
 class Metrics:
-    """The instruments. Attributes are low-cardinality: channel, provider, outcome, reason."""
+    """The instruments."""
 
     attempts: Counter
     send_duration: Histogram
     budget_wait: Histogram
+    throttles: Counter
+    deferrals: Counter
     duplicates: Counter
     dead_letters: Counter
     retries_scheduled: Counter
     skipped: Counter
     redelays: Counter
+    poison: Counter
     replays: Counter
     rescues: Counter
     scheduler_lag: Histogram
     run_due: Counter
     run_created: Counter
     run_published: Counter
-    poison: Counter
-    throttles: Counter
-    deferrals: Counter
+    snapshot: Snapshot
 
     @classmethod
     def create(cls, meter: Meter) -> Metrics:
+        snapshot = Snapshot()
+
+        def counter(name: str, unit: str, description: str) -> Counter:
+            return meter.create_counter(name, unit, description)
+
+        def histogram(name: str, description: str, buckets: Iterable[float]) -> Histogram:
+            return meter.create_histogram(
+                name, "s", description, explicit_bucket_boundaries_advisory=list(buckets)
+            )
+
+        def gauge(
+            name: str, unit: str, description: str, read: Callable[[], Iterable[Observation]]
+        ) -> None:
+            def callback(_: CallbackOptions) -> Iterable[Observation]:
+                return list(read())
+
+            meter.create_observable_gauge(name, [callback], unit, description)
+
+        gauge(
+            "relay.queue.depth",
+            "{message}",
+            "Messages ready in each queue",
+            lambda: [Observation(n, {"queue": q}) for q, n in snapshot.queue_depth.items()],
+        )
+        gauge(
+            "relay.deliveries",
+            "{delivery}",
+            "Ledger rows by state",
+            lambda: [Observation(n, {"state": s}) for s, n in snapshot.states.items()],
+        )
+        gauge(
+            "relay.deliveries.oldest_claimable.age",
+            "s",
+            "Age of the oldest delivery that could be worked now (not waiting for a retry)",
+            lambda: [Observation(snapshot.oldest_claimable_seconds)],
+        )
+        gauge(
+            "relay.run.completion_ratio",
+            "1",
+            "Delivered or deliberately skipped, over all rows of the latest publish run",
+            lambda: _optional(snapshot.latest_run_completion),
+        )
+        gauge(
+            "relay.run.age",
+            "s",
+            "Time since the latest publish run's intended fire time",
+            lambda: _optional(snapshot.latest_run_age_seconds),
+        )
+        gauge(
+            "relay.run.lag",
+            "s",
+            "Scheduler lag of the latest publish run",
+            lambda: _optional(snapshot.latest_run_lag_seconds),
+        )
+        gauge(
+            "relay.consumer.ready",
+            "1",
+            "1 while connected to broker and database and consuming",
+            lambda: [Observation(1 if snapshot.ready else 0)],
+        )
         return cls(
-            attempts=meter.create_counter(
+            attempts=counter(
                 "relay.delivery.attempts", "{attempt}", "Delivery attempts by outcome"
             ),
-            send_duration=meter.create_histogram(
-                "relay.delivery.send.duration", "s", "Time of one provider request"
+            send_duration=histogram(
+                "relay.delivery.send.duration", "Time of one provider request", _LATENCY_BUCKETS
             ),
-            budget_wait=meter.create_histogram(
-                "relay.budget.wait.duration", "s", "Time spent waiting for rate budget"
+            budget_wait=histogram(
+                "relay.budget.wait.duration", "Time spent waiting for rate budget", _WAIT_BUCKETS
             ),
-            duplicates=meter.create_counter(
-                "relay.delivery.duplicates",
-                "{message}",
-                "Messages for rows already final: acked without sending",
-            ),
-            dead_letters=meter.create_counter(
-                "relay.delivery.dead_letters",
-                "{message}",
-                "Messages sent to the dead-letter exchange",
-            ),
-            retries_scheduled=meter.create_counter(
-                "relay.delivery.retries", "{delivery}", "Retries scheduled through the delay tiers"
-            ),
-            skipped=meter.create_counter(
-                "relay.delivery.skipped", "{delivery}", "Deliveries skipped on purpose, by reason"
-            ),
-            redelays=meter.create_counter(
-                "relay.delivery.redelays",
-                "{message}",
-                "Messages parked again because their row was not due yet",
-            ),
-            replays=meter.create_counter(
-                "relay.replay.deliveries", "{delivery}", "Deliveries replayed by an operator"
-            ),
-            rescues=meter.create_counter(
-                "relay.rescue.deliveries", "{delivery}", "Deliveries republished by rescue"
-            ),
-            scheduler_lag=meter.create_histogram(
-                "relay.scheduler.lag", "s", "Intended fire time to publish run start"
-            ),
-            run_due=meter.create_counter(
-                "relay.publish.due", "{occurrence}", "Occurrences found owed by publish runs"
-            ),
-            run_created=meter.create_counter(
-                "relay.publish.created", "{delivery}", "Ledger rows created by publish runs"
-            ),
-            run_published=meter.create_counter(
-                "relay.publish.published", "{message}", "Messages confirmed by the broker"
-            ),
-            throttles=meter.create_counter(
+            throttles=counter(
                 "relay.budget.throttles",
                 "{response}",
                 "Throttle answers that paused a provider's budget",
             ),
-            deferrals=meter.create_counter(
+            deferrals=counter(
                 "relay.delivery.deferrals",
                 "{delivery}",
-                "Sends deferred without an attempt (budget, circuit open, share full)",
+                "Sends deferred without an attempt (budget, circuit, share)",
             ),
-            poison=meter.create_counter(
+            duplicates=counter(
+                "relay.delivery.duplicates",
+                "{message}",
+                "Messages for rows already final: acked without sending",
+            ),
+            dead_letters=counter(
+                "relay.delivery.dead_letters",
+                "{message}",
+                "Messages sent to the dead-letter exchange",
+            ),
+            retries_scheduled=counter(
+                "relay.delivery.retries", "{delivery}", "Retries scheduled through the delay tiers"
+            ),
+            skipped=counter(
+                "relay.delivery.skipped", "{delivery}", "Deliveries skipped on purpose, by reason"
+            ),
+            redelays=counter(
+                "relay.delivery.redelays",
+                "{message}",
+                "Messages parked again because their row was not due yet",
+            ),
+            poison=counter(
                 "relay.delivery.poison", "{message}", "Malformed or unknown messages dead-lettered"
             ),
+            replays=counter(
+                "relay.replay.deliveries", "{delivery}", "Deliveries replayed by an operator"
+            ),
+            rescues=counter(
+                "relay.rescue.deliveries", "{delivery}", "Deliveries republished by rescue"
+            ),
+            scheduler_lag=histogram(
+                "relay.scheduler.lag", "Intended fire time to publish run start", _LAG_BUCKETS
+            ),
+            run_due=counter(
+                "relay.publish.due", "{occurrence}", "Occurrences found owed by publish runs"
+            ),
+            run_created=counter(
+                "relay.publish.created", "{delivery}", "Ledger rows created by publish runs"
+            ),
+            run_published=counter(
+                "relay.publish.published", "{message}", "Messages confirmed by the broker"
+            ),
+            snapshot=snapshot,
         )
+
+
+def _optional(value: float | None) -> list[Observation]:
+    return [] if value is None else [Observation(value)]
 
 
 @dataclass
 class Telemetry:
-    """A process's providers and its instruments."""
+    """A process's providers and what it records into."""
 
     meter_provider: MeterProvider
+    tracer_provider: TracerProvider
     metrics: Metrics
 
+    @property
+    def tracer(self) -> trace.Tracer:
+        return self.tracer_provider.get_tracer("reminder-relay")
+
     def shutdown(self) -> None:
+        """Flush and stop exporters (the publisher calls this before it exits)."""
+        self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
 
 
-def setup(service_name: str, readers: list[MetricReader] | None = None) -> Telemetry:
-    """Build the meter provider for one process (readers: Prometheus, OTLP, in-memory)."""
-    provider = MeterProvider(
-        metric_readers=readers or [],
-        resource=Resource.create({"service.name": service_name}),
+def setup(
+    service_name: str,
+    readers: list[MetricReader] | None = None,
+    span_processors: list[SpanProcessor] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Telemetry:
+    """Build one process's providers; add OTLP exporters when an endpoint is configured."""
+    env = os.environ if environ is None else environ
+    readers = list(readers or [])
+    processors = list(span_processors or [])
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter: SpanExporter = OTLPSpanExporter()
+        processors.append(BatchSpanProcessor(exporter))
+    resource = Resource.create({"service.name": service_name})
+    meter_provider = MeterProvider(metric_readers=readers, resource=resource)
+    tracer_provider = TracerProvider(resource=resource)
+    for processor in processors:
+        tracer_provider.add_span_processor(processor)
+    return Telemetry(
+        meter_provider=meter_provider,
+        tracer_provider=tracer_provider,
+        metrics=Metrics.create(meter_provider.get_meter("reminder-relay")),
     )
-    meter = provider.get_meter("reminder-relay")
-    return Telemetry(meter_provider=provider, metrics=Metrics.create(meter))
 
 
 def noop() -> Metrics:
     """Instruments that record nowhere (tools and tests that do not export)."""
     return Metrics.create(otel_metrics.NoOpMeterProvider().get_meter("reminder-relay"))
+
+
+def noop_tracer() -> trace.Tracer:
+    return trace.NoOpTracerProvider().get_tracer("reminder-relay")
+
+
+# --- trace context in AMQP headers (W3C traceparent/tracestate) ----------------------
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def inject_headers(context: Context | None = None) -> dict[str, Any]:
+    """Headers carrying the current (or given) span context to the consumer."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=context)
+    return {k: v for k, v in carrier.items() if k in TRACE_HEADERS}
+
+
+def extract_context(headers: Mapping[str, Any] | None) -> Context:
+    """The producer's span context from a message's headers (empty if none)."""
+    carrier = {k: str(v) for k, v in (headers or {}).items() if k in TRACE_HEADERS}
+    return propagate.extract(carrier)
+
+
+def trace_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Just the trace headers of a message, to carry them onto a parked copy."""
+    return {k: v for k, v in (headers or {}).items() if k in TRACE_HEADERS}

@@ -262,7 +262,7 @@ WHERE id = ANY($1::bigint[]) AND state = 'queued';
 SELECT id, kind, status, intended_fire_at, started_at, finished_at, due_count, created_count,
        skipped_count, published_count, rescued_count, failed_count, error
 FROM publish_runs
-WHERE ($1::bigint IS NULL OR id = $1)
+WHERE ($1::bigint IS NULL OR id = $1) AND ($3::text IS NULL OR kind = $3)
 ORDER BY id DESC
 LIMIT $2;
 

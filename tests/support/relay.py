@@ -16,6 +16,7 @@ from typing import Any
 
 import aio_pika
 import asyncpg
+from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import SecretStr
 
@@ -135,12 +136,16 @@ class InProcessConsumer:
 
 
 @asynccontextmanager
-async def consumer_in_process(settings: Settings) -> AsyncIterator[InProcessConsumer]:
+async def consumer_in_process(
+    settings: Settings, tracer: trace.Tracer | None = None
+) -> AsyncIterator[InProcessConsumer]:
     """Run a consumer in this event loop, metrics readable; stopped gracefully on exit."""
     stop = asyncio.Event()
     reader = InMemoryMetricReader()
-    telem = telemetry.setup("relay-test", [reader])
-    task = asyncio.create_task(consume_run.run(settings, metrics=telem.metrics, stop=stop))
+    telem = telemetry.setup("relay-test", [reader], environ={})
+    task = asyncio.create_task(
+        consume_run.run(settings, metrics=telem.metrics, stop=stop, tracer=tracer)
+    )
     try:
         await wait_for(lambda: topology_declared(settings), 20, "consumer declared topology")
         yield InProcessConsumer(task, reader)

@@ -143,6 +143,19 @@ def test_daily_on_transition_days_fires_exactly_once(
         assert occ.astimezone(ZoneInfo(zone)).strftime("%H:%M") == at
 
 
+def test_gap_substitute_can_fall_on_the_next_local_date() -> None:
+    # Nuuk springs forward at 23:00 -02:00 -> 00:00 -01:00 (01:00Z): Saturday's 23:30 does
+    # not exist and fires at the transition, which is already Sunday 00:00 local.
+    tz = ZoneInfo("America/Nuuk")
+    found = occurrences(daily("America/Nuuk", "23:30"), utc(2026, 3, 27), utc(2026, 3, 31), 10)
+    assert [o.astimezone(tz).isoformat(timespec="minutes") for o in found] == [
+        "2026-03-26T23:30-02:00",
+        "2026-03-27T23:30-02:00",
+        "2026-03-29T00:00-01:00",  # Saturday 2026-03-28's occurrence
+        "2026-03-29T23:30-01:00",
+    ]
+
+
 def test_gap_substitute_is_the_transition_instant() -> None:
     tz = ZoneInfo("Europe/Berlin")
     [occ] = occ_on(daily("Europe/Berlin", "02:30"), date(2026, 3, 29))
@@ -315,6 +328,19 @@ def test_plan_due_on_time_normal_tick() -> None:
         assert plan_due(BERLIN_0600, STORED, now, policy, GRACE, 5) == Plan(
             send=[STORED], skipped=[], next_due_at=utc(2026, 3, 3, 5, 0)
         )
+
+
+def test_plan_due_now_in_second_pass_of_overlap() -> None:
+    # now = 02:30 CET, the repeated hour: 02:40 already happened in the first pass
+    # (00:40Z) although 02:40 is later than 02:30 on the wall clock. It must be owed.
+    schedule = cron("Europe/Berlin", "*/20 2 * * *")
+    stored = utc(2026, 10, 25, 0, 0)  # 02:00 CEST
+    now = utc(2026, 10, 25, 1, 30)  # 02:30 CET
+    assert plan_due(schedule, stored, now, "catch_up", GRACE, 10) == Plan(
+        send=[utc(2026, 10, 25, 0, 0), utc(2026, 10, 25, 0, 20), utc(2026, 10, 25, 0, 40)],
+        skipped=[],
+        next_due_at=utc(2026, 10, 26, 1, 0),  # Monday 02:00 CET
+    )
 
 
 def test_plan_due_called_early_changes_nothing() -> None:
@@ -531,11 +557,23 @@ def test_property_occurrences_are_increasing_and_at_the_requested_wall_time(
         assert first_occurrence(schedule, lo) == found[0]
         for a, b in pairwise(found[:10]):
             assert next_occurrence_after(schedule, a) == b
-    # Coverage: at most a couple of local dates can be lost, and only to zone oddities
-    # (a skipped calendar day such as Samoa's 2011-12-30); normally none.
-    if len(found) >= 2:
-        first_day, last_day = found[0].astimezone(tz).date(), found[-1].astimezone(tz).date()
-        assert (last_day - first_day).days + 1 - len(found) <= 2
+    # Completeness, per local date: an existing wall time must fire at its first instant;
+    # a wall time swallowed by a gap must fire somewhere between its two readings (the
+    # offsets before and after the transition), i.e. at the transition.
+    found_set = set(found)
+    day, last_day = lo.astimezone(tz).date(), hi.astimezone(tz).date()
+    while day <= last_day:
+        wall = datetime.combine(day, at)
+        first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+        second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+        if first.astimezone(tz).replace(tzinfo=None) == wall:
+            if lo <= first <= hi:
+                assert first in found_set, (day, first)
+        else:
+            a, b = min(first, second), max(first, second)
+            if lo <= a and b <= hi:
+                assert any(a <= o <= b for o in found), (day, a, b)
+        day += timedelta(days=1)
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,0 +1,71 @@
+"""Refreshes the values the consumer's gauges report: queue depths, ledger state counts,
+the oldest claimable delivery, and the latest publish run's completion.
+
+OpenTelemetry gauge callbacks are synchronous, so they read a ``Snapshot`` this task
+refreshes every ``interval_seconds`` (one round of cheap queries), never the database
+on the scrape path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiormq
+import asyncpg
+from aio_pika.abc import AbstractConnection
+
+from service import amqp, db, logs, status
+from service.telemetry import Snapshot
+
+log = logs.get("consumer")
+
+
+async def sample_once(
+    pool: asyncpg.Pool,
+    connection: AbstractConnection,
+    topology: amqp.Topology,
+    snapshot: Snapshot,
+) -> None:
+    states = {r["state"]: r["n"] for r in await pool.fetch(db.q("overall_state_counts"))}
+    snapshot.states = {state: states.get(state, 0) for state in _STATES}
+    snapshot.oldest_claimable_seconds = float(
+        await pool.fetchval(db.q("oldest_claimable_age")) or 0.0
+    )
+    now = await pool.fetchval(db.q("db_now"))
+    latest = await status.run_reports(pool, None, 1, now, kind="publish")
+    if latest:
+        run = latest[0]
+        snapshot.latest_run_completion = run.completion_ratio
+        snapshot.latest_run_age_seconds = (now - run.intended_fire_at).total_seconds()
+        snapshot.latest_run_lag_seconds = run.lag_seconds
+    channel = await connection.channel()
+    try:
+        depths = {}
+        for name in topology.all_queues():
+            queue = await channel.declare_queue(name, passive=True)
+            depths[name] = queue.declaration_result.message_count or 0
+        snapshot.queue_depth = depths
+    finally:
+        await channel.close()
+
+
+_STATES = ("pending", "queued", "sending", "retrying", "delivered", "dead", "skipped")
+
+
+async def run_sampler(
+    pool: asyncpg.Pool,
+    connection: AbstractConnection,
+    topology: amqp.Topology,
+    snapshot: Snapshot,
+    interval_seconds: float,
+) -> None:
+    """Refresh forever; a failed round is logged and retried at the next interval."""
+    while True:
+        try:
+            await sample_once(pool, connection, topology, snapshot)
+        except (OSError, asyncpg.PostgresError, aiormq.exceptions.AMQPError) as exc:
+            log.warning(
+                "metrics sample failed",
+                extra={"event": "sample_failed", "error": type(exc).__name__},
+            )
+        await asyncio.sleep(interval_seconds)
