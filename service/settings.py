@@ -94,8 +94,9 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(
         default=120.0,
         gt=0,
-        description="How long a claim holds a row in 'sending' before rescue may take it (s). "
-        "Must exceed the send timeout plus the longest budget wait.",
+        description="How long a claim holds a row in 'sending' before another may take it "
+        "(s). Must exceed RELAY_HTTP_TIMEOUT_SECONDS; a send left with less lease than that "
+        "after waiting for budget is deferred instead.",
     )
     shutdown_grace_seconds: float = Field(
         default=20.0,
