@@ -32,7 +32,8 @@ async def sample_once(
         await pool.fetchval(db.q("oldest_claimable_age")) or 0.0
     )
     now = await pool.fetchval(db.q("db_now"))
-    latest = await status.run_reports(pool, None, 1, now, kind="publish")
+    # The latest run that admitted work: a minutely CronJob's empty runs say nothing.
+    latest = await status.run_reports(pool, None, 1, now, kind="publish", nonempty=True)
     if latest:
         run = latest[0]
         snapshot.latest_run_completion = run.completion_ratio

@@ -380,7 +380,7 @@ class Worker:
                 "outcome": outcome.kind.value,
                 "decision": decision.action.value,
                 "http_status": outcome.http_status,
-                "error": outcome.error,
+                "error": logs.redact(outcome.error) if outcome.error else None,
                 "latency_ms": round(latency * 1000, 1),
                 "fenced_out": not written,
                 **fields,

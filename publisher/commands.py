@@ -74,12 +74,13 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
             f"--state: {', '.join(bad)} cannot be replayed "
             f"(choose from {', '.join(replay_mod.REPLAYABLE)}; delivered rows never are)"
         )
+    telem = telemetry.setup("relay-replay")
     pool = await db.create_pool(settings, size=2)
     try:
         connection, publisher = await amqp.open_publisher(settings, "relay-replay")
         try:
             replayer = replay_mod.Replayer(
-                pool=pool, publisher=publisher, metrics=telemetry.noop(), operator=args.operator
+                pool=pool, publisher=publisher, metrics=telem.metrics, operator=args.operator
             )
             if args.source == "queue":
                 channel = await connection.channel()
@@ -106,5 +107,6 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
             await connection.close()
     finally:
         await pool.close()
+        telem.shutdown()
     print(summary.render())
     return errors.ExitCode.OK if summary.failed == 0 else errors.ExitCode.INCOMPLETE

@@ -60,17 +60,6 @@ class RunResult:
         return errors.ExitCode.INCOMPLETE
 
 
-def schedule_of(row: asyncpg.Record) -> schedule.Schedule:
-    """The schedule of a reminders row."""
-    return schedule.Schedule(
-        kind=row["schedule_kind"],
-        timezone=row["timezone"],
-        due_at=row["due_at"],
-        daily_at=row["daily_at"],
-        cron=row["cron"],
-    )
-
-
 def plan_batch(
     rows: Sequence[asyncpg.Record], now: datetime, settings: Settings
 ) -> tuple[list[NewDelivery], list[tuple[str, datetime | None]]]:
@@ -80,7 +69,7 @@ def plan_batch(
     for row in rows:
         try:
             plan = schedule.plan_due(
-                schedule_of(row),
+                schedule.from_row(row),
                 row["next_due_at"],
                 now,
                 row["missed_policy"],

@@ -104,13 +104,7 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
         "next_due_at",
     ):
         print(f"{key:>16}: {row[key]}")
-    sched = schedule.Schedule(
-        kind=row["schedule_kind"],
-        timezone=row["timezone"],
-        due_at=row["due_at"],
-        daily_at=row["daily_at"],
-        cron=row["cron"],
-    )
+    sched = schedule.from_row(row)
     start = row["next_due_at"] or datetime.now(UTC)
     upcoming = schedule.occurrences(sched, start, start.replace(year=start.year + 2), args.count)
     if row["next_due_at"] is None or not row["active"]:

@@ -127,7 +127,8 @@ async def start(
     partner: Partner, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, int]:
     """Serve ``partner``; return the runner (for cleanup) and the bound port."""
-    runner = web.AppRunner(partner.app(), access_log=None)
+    # A hanging path's handlers are abandoned on cleanup rather than awaited for a minute.
+    runner = web.AppRunner(partner.app(), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

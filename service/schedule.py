@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
-from typing import Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import (  # type: ignore[import-untyped,unused-ignore]
@@ -39,6 +39,7 @@ __all__ = [
     "ScheduleError",
     "ScheduleKind",
     "first_occurrence",
+    "from_row",
     "next_occurrence_after",
     "occurrences",
     "parse_daily_at",
@@ -92,6 +93,24 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- validation
+
+
+class Row(Protocol):
+    """Anything indexable by column name (an asyncpg Record, a dict)."""
+
+    def __getitem__(self, key: str) -> Any: ...
+
+
+def from_row(row: Row) -> Schedule:
+    """The schedule of a ``reminders`` row (columns schedule_kind, timezone, due_at,
+    daily_at, cron)."""
+    return Schedule(
+        kind=row["schedule_kind"],
+        timezone=row["timezone"],
+        due_at=row["due_at"],
+        daily_at=row["daily_at"],
+        cron=row["cron"],
+    )
 
 
 def parse_daily_at(text: str) -> time:

@@ -55,9 +55,16 @@ class RunReport:
 
 
 async def run_reports(
-    pool: asyncpg.Pool, run_id: int | None, count: int, now: datetime, kind: str | None = None
+    pool: asyncpg.Pool,
+    run_id: int | None,
+    count: int,
+    now: datetime,
+    kind: str | None = None,
+    *,
+    nonempty: bool = False,
 ) -> list[RunReport]:
-    runs = await pool.fetch(db.q("runs_recent"), run_id, count, kind)
+    """Reports of recent runs (``nonempty``: only runs that admitted deliveries)."""
+    runs = await pool.fetch(db.q("runs_recent"), run_id, count, kind, nonempty)
     reports = {
         r["id"]: RunReport(
             run_id=r["id"],

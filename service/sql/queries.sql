@@ -263,11 +263,13 @@ SELECT id, kind, status, intended_fire_at, started_at, finished_at, due_count, c
        skipped_count, published_count, rescued_count, failed_count, error
 FROM publish_runs
 WHERE ($1::bigint IS NULL OR id = $1) AND ($3::text IS NULL OR kind = $3)
+  AND (NOT $4::bool OR created_count > 0)
 ORDER BY id DESC
 LIMIT $2;
 
 -- name: latest_publish_run
-SELECT max(id) FROM publish_runs WHERE kind = 'publish' AND status <> 'paused';
+-- The latest run that admitted anything: at 07:15 the 07:00 run, not the empty 07:15 one.
+SELECT max(id) FROM publish_runs WHERE kind = 'publish' AND created_count > 0;
 
 -- name: run_state_counts
 SELECT run_id, state::text AS state, coalesce(skip_reason, '') AS skip_reason, count(*) AS n,
