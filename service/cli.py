@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="per-run report: who got it and who did not")
     st.add_argument("--run", type=int, default=None)
     st.add_argument("--runs", type=int, default=10, help="how many recent runs")
+    st.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="include runs that admitted nothing (by default only runs with work)",
+    )
     st.add_argument("--missing", action="store_true", help="list deliveries not delivered")
     st.add_argument("--limit", type=int, default=1000)
     st.add_argument("--json", action="store_true")

@@ -146,7 +146,9 @@ async def status(args: argparse.Namespace, settings: Settings) -> int:
                 else status_mod.render_missing(run_id, rows)
             )
             return errors.ExitCode.OK
-        reports = await status_mod.run_reports(pool, args.run, args.runs, now)
+        reports = await status_mod.run_reports(
+            pool, args.run, args.runs, now, nonempty=args.run is None and not args.all_runs
+        )
         totals = await status_mod.overall(pool)
     if args.json:
         print(status_mod.to_json({"runs": [r.as_dict() for r in reports], **totals}))
