@@ -133,18 +133,22 @@ class Budgets:
 
     async def acquire(self, provider: str, *, urgent: bool, max_wait_seconds: float) -> bool:
         """Wait for one token; False if that would take longer than ``max_wait_seconds``."""
-        state = await self._state(provider)
-        if state.paused_until - self._now() > max_wait_seconds:
+        state = self._providers.get(provider) or await self._state(provider)
+        now = self._now()
+        if state.paused_until - now > max_wait_seconds:
             return False
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        (state.urgent if urgent else state.bulk).append(future)
-        if state.refiller is None or state.refiller.done():
-            state.refiller = asyncio.create_task(self._refill(provider, state))
-        try:
-            await asyncio.wait_for(asyncio.shield(future), max_wait_seconds)
-        except TimeoutError:
-            future.cancel()
-            return False
+        if state.tokens > 0 and now < state.tokens_expire and not state.waiting():
+            state.tokens -= 1  # fast path: a leased token is at hand and nobody is ahead
+        else:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            (state.urgent if urgent else state.bulk).append(future)
+            if state.refiller is None or state.refiller.done():
+                state.refiller = asyncio.create_task(self._refill(provider, state))
+            try:
+                async with asyncio.timeout(max_wait_seconds):
+                    await future
+            except TimeoutError:
+                return False
         if state.limiter is not None:
             await state.limiter.acquire()
         return True

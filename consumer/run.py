@@ -141,7 +141,8 @@ async def run(
             config=worker.WorkerConfig(
                 lease_seconds=settings.lease_seconds,
                 write_batch_max=settings.write_batch_max,
-                write_concurrency=max(1, settings.database_pool_size - 2),
+                # Few concurrent flushes make each one bigger: fewer round trips.
+                write_concurrency=max(1, min(2, settings.database_pool_size - 2)),
                 budget_max_wait_seconds=settings.budget_max_wait_seconds,
                 send_timeout_seconds=settings.http_timeout_seconds,
             ),

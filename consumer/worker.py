@@ -65,6 +65,7 @@ class Worker:
         tracer: trace.Tracer | None = None,
     ) -> None:
         self._tracer = tracer or telemetry.noop_tracer()
+        self._tracing = telemetry.is_recording(self._tracer)
         self._crash = crash or CrashPoints()
         self._pool = pool
         self._publisher = publisher
@@ -98,10 +99,14 @@ class Worker:
         return len(self._in_flight)
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
-        """aio-pika callback: handle the message in a tracked task (for the drain)."""
-        task = asyncio.create_task(self.handle(message))
+        """aio-pika callback, already run in its own task: track it for the drain."""
+        task = asyncio.current_task()
+        assert task is not None
         self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
+        try:
+            await self.handle(message)
+        finally:
+            self._in_flight.discard(task)
 
     async def drain(self, timeout_seconds: float) -> bool:
         """Wait for in-flight messages; True if all finished within the deadline."""
@@ -165,6 +170,9 @@ class Worker:
             self.handled += 1
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
+        if not self._tracing:  # nothing exports spans: skip the context work entirely
+            await self._handle_in_span(message, trace.INVALID_SPAN)
+            return
         # One span per delivery message, a child of the publish run that sent it (the
         # trace context travels in the AMQP headers), keyed by delivery id only.
         with self._tracer.start_as_current_span(
@@ -371,7 +379,8 @@ class Worker:
         span.set_attribute("relay.decision", decision.action.value)
         if outcome.http_status is not None:
             span.set_attribute("http.response.status_code", outcome.http_status)
-        level = 40 if decision.action is Action.DEAD else 20
+        # ERROR only for a dead letter; a delivered one is in the ledger, so DEBUG.
+        level = {Action.DEAD: 40, Action.DELIVERED: 10}.get(decision.action, 20)
         log.log(
             level,
             "delivery attempted",
@@ -415,7 +424,9 @@ class Worker:
                 urgent=row.urgent,
                 max_wait_seconds=self._config.budget_max_wait_seconds,
             )
-            self._metrics.budget_wait.record(time.monotonic() - wait_started, labels)
+            waited = time.monotonic() - wait_started
+            if waited > 0.001:  # recorded when a send actually waited for budget
+                self._metrics.budget_wait.record(waited, labels)
             if not got:
                 reason = "rate budget exhausted or paused"
                 await self._defer(message, row, self._config.budget_defer_seconds, reason)

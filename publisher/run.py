@@ -15,6 +15,7 @@ leaves rows ``pending`` (or stranded ``queued``) for the next run to publish.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -180,26 +181,41 @@ class PublishRun:
         return await self._finish(status)
 
     async def _admit_all(self, now: datetime) -> None:
-        batch = self._settings.publish_batch_size
-        while True:
-            async with self._pool.acquire() as conn, conn.transaction():
-                rows = await conn.fetch(db.q("lock_due_reminders"), now, batch)
-                if not rows:
-                    return
-                new, advances = plan_batch(rows, now, self._settings)
-                inserted = await ledger.insert_deliveries(conn, new, self.run_id)
-                await conn.execute(
-                    db.q("advance_reminders"),
-                    [reminder_id for reminder_id, _ in advances],
-                    [at for _, at in advances],
-                )
-            self.counts.due += len(new)
-            self.counts.created += len(inserted)
-            self.counts.skipped += sum(1 for _, _, state in inserted if state is State.SKIPPED)
-            self._metrics.run_due.add(len(new))
-            self._metrics.run_created.add(len(inserted))
-            # Committed first, then published: a crash here leaves the rows pending.
-            await self._publish([(i, urgent) for i, urgent, s in inserted if s is State.PENDING])
+        # Batch n is published while batch n+1 is admitted: at most one batch in flight
+        # on each side, so memory stays flat and the broker's round trips overlap with
+        # the database's.
+        publishing: asyncio.Task[None] | None = None
+        try:
+            while (ready := await self._admit_batch(now)) is not None:
+                if publishing is not None:
+                    await publishing
+                # Committed first, then published: a crash here leaves the rows pending.
+                publishing = asyncio.create_task(self._publish(ready))
+        finally:
+            if publishing is not None:
+                await publishing
+
+    async def _admit_batch(self, now: datetime) -> list[tuple[int, bool]] | None:
+        """Admit one batch in one transaction; its new pending rows, or None if none due."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                db.q("lock_due_reminders"), now, self._settings.publish_batch_size
+            )
+            if not rows:
+                return None
+            new, advances = plan_batch(rows, now, self._settings)
+            inserted = await ledger.insert_deliveries(conn, new, self.run_id)
+            await conn.execute(
+                db.q("advance_reminders"),
+                [reminder_id for reminder_id, _ in advances],
+                [at for _, at in advances],
+            )
+        self.counts.due += len(new)
+        self.counts.created += len(inserted)
+        self.counts.skipped += sum(1 for _, _, state in inserted if state is State.SKIPPED)
+        self._metrics.run_due.add(len(new))
+        self._metrics.run_created.add(len(inserted))
+        return [(i, urgent) for i, urgent, state in inserted if state is State.PENDING]
 
     async def _sweep_pending(self) -> None:
         after_id = 0

@@ -50,6 +50,12 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(kind, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _no_session_state(conn: asyncpg.Connection) -> None:
+    """Pool release hook. The relay never changes session state (no SET, LISTEN, prepared
+    names of its own, temp tables), so the default RESET ALL round trip is skipped;
+    asyncpg still rolls back an open transaction and clears listeners itself."""
+
+
 def _ssl_arg(mode: str, root_cert: Path | None) -> Any:
     if mode in ("verify-ca", "verify-full"):
         context = ssl_module.create_default_context(cafile=root_cert)
@@ -67,6 +73,7 @@ async def create_pool(settings: Settings, *, size: int | None = None) -> asyncpg
             min_size=min(2, pool_size),
             max_size=pool_size,
             init=_init_connection,
+            reset=_no_session_state,
             ssl=_ssl_arg(settings.database_ssl, settings.database_ssl_root_cert),
             timeout=10,
         )

@@ -116,6 +116,9 @@ class Completion:
     record: Attempt | None = None
 
 
+_NO_RECORD = Attempt(outcome="")  # a completion without an attempt row
+
+
 def _clip(text: str | None, limit: int) -> str | None:
     return None if text is None else text[:limit]
 
@@ -123,59 +126,54 @@ def _clip(text: str | None, limit: int) -> str | None:
 async def claim(
     conn: Connection, ids: Sequence[int], lease_seconds: float
 ) -> tuple[dict[int, Claimed], dict[int, Unclaimable]]:
-    """Claim many rows at once; return those taken and, for the rest, why not."""
-    async with conn.transaction():
-        rows = await conn.fetch(q("claim"), list(ids), lease_seconds)
-        claimed = {r["id"]: Claimed(**dict(r)) for r in rows}
-        rest = [i for i in ids if i not in claimed]
-        others: dict[int, Unclaimable] = {}
-        if rest:
-            for r in await conn.fetch(q("unclaimable"), rest):
-                others[r["id"]] = Unclaimable(
-                    id=r["id"],
-                    state=State(r["state"]),
-                    next_attempt_at=r["next_attempt_at"],
-                    lease_expires_at=r["lease_expires_at"],
-                    now=r["now"],
-                )
+    """Claim many rows at once; return those taken and, for the rest, why not.
+
+    The claim is one statement (atomic on its own); the look-up of the rest runs after it,
+    so it sees the claim's result.
+    """
+    rows = await conn.fetch(q("claim"), list(ids), lease_seconds)
+    claimed = {r["id"]: Claimed(**dict(r)) for r in rows}
+    rest = [i for i in ids if i not in claimed]
+    others: dict[int, Unclaimable] = {}
+    if rest:
+        for r in await conn.fetch(q("unclaimable"), rest):
+            others[r["id"]] = Unclaimable(
+                id=r["id"],
+                state=State(r["state"]),
+                next_attempt_at=r["next_attempt_at"],
+                lease_expires_at=r["lease_expires_at"],
+                now=r["now"],
+            )
     return claimed, others
 
 
 async def complete(conn: Connection, completions: Sequence[Completion]) -> set[int]:
-    """Write outcomes and their attempt rows in one transaction; return the ids written.
+    """Write outcomes and their attempt rows in one statement; return the ids written.
 
     An id missing from the result lost its lease to another claim: its attempt row is
     still recorded (the send happened), its state is the other claimant's to write.
     """
     if not completions:
         return set()
-    records = [c for c in completions if c.record is not None]
-    async with conn.transaction():
-        rows = await conn.fetch(
-            q("complete"),
-            [c.id for c in completions],
-            [c.attempt for c in completions],
-            [c.state.value for c in completions],
-            [c.next_attempt_at for c in completions],
-            [c.status for c in completions],
-            [_clip(c.error, 500) for c in completions],
-            [_clip(c.receipt, 500) for c in completions],
-            [c.skip_reason for c in completions],
-        )
-        if records:
-            await conn.execute(
-                q("record_attempts"),
-                [c.id for c in records],
-                [c.attempt for c in records],
-                [c.record.outcome for c in records if c.record],
-                [c.record.http_status for c in records if c.record],
-                [c.record.latency_ms for c in records if c.record],
-                [_clip(c.record.error, 500) for c in records if c.record],
-                [_clip(c.record.response_excerpt, 1000) for c in records if c.record],
-                [c.record.payload_version for c in records if c.record],
-                [c.record.started_at for c in records if c.record],
-                [c.record.stale for c in records if c.record],
-            )
+    records = [c.record or _NO_RECORD for c in completions]
+    rows = await conn.fetch(
+        q("complete"),
+        [c.id for c in completions],
+        [c.attempt for c in completions],
+        [c.state.value for c in completions],
+        [c.next_attempt_at for c in completions],
+        [c.status for c in completions],
+        [_clip(c.error, 500) for c in completions],
+        [_clip(c.receipt, 500) for c in completions],
+        [c.skip_reason for c in completions],
+        [r.outcome or None for r in records],
+        [r.latency_ms for r in records],
+        [_clip(r.error, 500) for r in records],
+        [_clip(r.response_excerpt, 1000) for r in records],
+        [r.payload_version for r in records],
+        [r.started_at for r in records],
+        [r.stale for r in records],
+    )
     return {r["id"] for r in rows}
 
 

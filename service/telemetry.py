@@ -25,7 +25,7 @@ from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Ob
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 # Seconds: from a fast local receiver (ms) to a provider at its timeout (10 s+).
@@ -241,7 +241,10 @@ def setup(
         processors.append(BatchSpanProcessor(exporter))
     resource = Resource.create({"service.name": service_name})
     meter_provider = MeterProvider(metric_readers=readers, resource=resource)
-    tracer_provider = TracerProvider(resource=resource)
+    # Nothing exports spans: do not record them (a span per delivery costs real CPU).
+    tracer_provider = TracerProvider(
+        resource=resource, sampler=None if processors else sampling.ALWAYS_OFF
+    )
     for processor in processors:
         tracer_provider.add_span_processor(processor)
     return Telemetry(
@@ -254,6 +257,14 @@ def setup(
 def noop() -> Metrics:
     """Instruments that record nowhere (tools and tests that do not export)."""
     return Metrics.create(otel_metrics.NoOpMeterProvider().get_meter("reminder-relay"))
+
+
+def is_recording(tracer: trace.Tracer) -> bool:
+    """Whether spans from this tracer can be recorded (an SDK tracer that samples)."""
+    if isinstance(tracer, trace.NoOpTracer):
+        return False
+    sampler = getattr(tracer, "sampler", None)
+    return sampler is not sampling.ALWAYS_OFF
 
 
 def noop_tracer() -> trace.Tracer:

@@ -188,6 +188,8 @@ class WebhookChannel:
         self._session: aiohttp.ClientSession | None = None
         self._resolver: PolicyResolver | None = None
         self._closed = False
+        # The static URL check depends only on the string and the config: done once each.
+        self._checked: dict[str, tuple[yarl.URL | None, str | None]] = {}
 
     def _get_session(self) -> aiohttp.ClientSession:
         # No await between the check and the assignment, so concurrent first
@@ -267,7 +269,13 @@ class WebhookChannel:
     async def send(self, request: SendRequest) -> Outcome:
         """POST the payload once and classify the answer; never raises for failures."""
         cfg = self._config
-        url, problem = self._check_destination(request.destination)
+        checked = self._checked.get(request.destination)
+        if checked is None:
+            checked = self._check_destination(request.destination)
+            if len(self._checked) >= 10_000:  # bounded: destinations are few, but be safe
+                self._checked.clear()
+            self._checked[request.destination] = checked
+        url, problem = checked
         if url is None:
             return _rejected(problem or "url: malformed")
         if not _KEY_PATTERN.fullmatch(request.idempotency_key):

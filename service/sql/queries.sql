@@ -212,34 +212,44 @@ FROM deliveries
 WHERE id = ANY($1::bigint[]);
 
 -- name: complete
--- Write outcomes of many attempts at once. The fence (state 'sending' and the attempt
--- number this consumer claimed) makes a late writer whose lease was taken over a no-op.
-UPDATE deliveries AS d SET
-    state = o.state,
-    next_attempt_at = o.next_attempt_at,
-    lease_expires_at = NULL,
-    last_status = o.status,
-    last_error = o.error,
-    receipt = coalesce(o.receipt, d.receipt),
-    skip_reason = o.skip_reason,
-    finished_at = CASE WHEN o.state IN ('delivered', 'dead', 'skipped') THEN now() END
-FROM unnest($1::bigint[], $2::int[], $3::delivery_state[], $4::timestamptz[], $5::int[],
-            $6::text[], $7::text[], $8::text[])
-     AS o(id, attempt, state, next_attempt_at, status, error, receipt, skip_reason)
-WHERE d.id = o.id AND d.state = 'sending' AND d.attempts = o.attempt
-RETURNING d.id;
-
--- name: record_attempts
--- History of every attempt; a late real outcome replaces a 'lost' placeholder.
-INSERT INTO delivery_attempts (delivery_id, attempt, outcome, http_status, latency_ms, error,
-                               response_excerpt, payload_version, started_at, stale)
-SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::float8[], $6::text[],
-                     $7::text[], $8::int[], $9::timestamptz[], $10::bool[])
-ON CONFLICT (delivery_id, attempt) DO UPDATE SET
-    outcome = excluded.outcome, http_status = excluded.http_status,
-    latency_ms = excluded.latency_ms, error = excluded.error,
-    response_excerpt = excluded.response_excerpt, payload_version = excluded.payload_version,
-    started_at = excluded.started_at, stale = excluded.stale, finished_at = now();
+-- Write the outcomes of many attempts, and their attempt rows, in one statement (one
+-- round trip, atomic). The fence (state 'sending' and the attempt number this consumer
+-- claimed) makes a late writer whose lease was taken over a no-op for the row; its
+-- attempt row is still recorded (the send happened), replacing a 'lost' placeholder.
+WITH o AS (
+    SELECT *
+    FROM unnest($1::bigint[], $2::int[], $3::delivery_state[], $4::timestamptz[], $5::int[],
+                $6::text[], $7::text[], $8::text[], $9::text[], $10::float8[], $11::text[],
+                $12::text[], $13::int[], $14::timestamptz[], $15::bool[])
+         AS o(id, attempt, state, next_attempt_at, status, error, receipt, skip_reason,
+              outcome, latency_ms, attempt_error, excerpt, payload_version, started_at, stale)
+), updated AS (
+    UPDATE deliveries AS d SET
+        state = o.state,
+        next_attempt_at = o.next_attempt_at,
+        lease_expires_at = NULL,
+        last_status = o.status,
+        last_error = o.error,
+        receipt = coalesce(o.receipt, d.receipt),
+        skip_reason = o.skip_reason,
+        finished_at = CASE WHEN o.state IN ('delivered', 'dead', 'skipped') THEN now() END
+    FROM o
+    WHERE d.id = o.id AND d.state = 'sending' AND d.attempts = o.attempt
+    RETURNING d.id
+), recorded AS (
+    INSERT INTO delivery_attempts (delivery_id, attempt, outcome, http_status, latency_ms,
+                                   error, response_excerpt, payload_version, started_at, stale)
+    SELECT id, attempt, outcome, status, latency_ms, attempt_error, excerpt, payload_version,
+           started_at, stale
+    FROM o WHERE outcome IS NOT NULL
+    ON CONFLICT (delivery_id, attempt) DO UPDATE SET
+        outcome = excluded.outcome, http_status = excluded.http_status,
+        latency_ms = excluded.latency_ms, error = excluded.error,
+        response_excerpt = excluded.response_excerpt,
+        payload_version = excluded.payload_version, started_at = excluded.started_at,
+        stale = excluded.stale, finished_at = now()
+)
+SELECT id FROM updated;
 
 -- name: select_rescue
 -- Rows whose message should have arrived long ago: lost by the broker, purged, or held by
