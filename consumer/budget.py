@@ -73,6 +73,11 @@ class _ProviderState:
         self.tokens_expire = 0.0
         self.paused_until = 0.0
         self.refiller: asyncio.Task[None] | None = None
+        # Local spending rate, to lease what this process will use before tokens expire
+        # (fewer round trips at high rates) without hoarding the shared budget.
+        self.spent = 0
+        self.rate_since = 0.0
+        self.local_rate = 0.0
         self.limiter = (
             AsyncLimiter(
                 max(1.0, spec.rate_per_second * lease_window_seconds), lease_window_seconds
@@ -139,6 +144,7 @@ class Budgets:
             return False
         if state.tokens > 0 and now < state.tokens_expire and not state.waiting():
             state.tokens -= 1  # fast path: a leased token is at hand and nobody is ahead
+            state.spent += 1
         else:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             (state.urgent if urgent else state.bulk).append(future)
@@ -174,11 +180,16 @@ class Budgets:
                 waiter = state.next_waiter()
                 if waiter is not None:
                     state.tokens -= 1
+                    state.spent += 1
                     waiter.set_result(None)
                 continue
             spec = state.spec
-            block = math.ceil(spec.rate_per_second * self._window) if spec else 100
-            want = max(1, min(state.waiting(), block))
+            if now > state.rate_since:
+                state.local_rate = state.spent / (now - state.rate_since)
+            state.spent, state.rate_since = 0, now
+            block = math.ceil(spec.rate_per_second * self._window) if spec else 1000
+            expected = math.ceil(state.local_rate * self._ttl / 2)
+            want = max(1, min(max(state.waiting(), expected), block))
             reserve = 0.0
             if spec is not None and not state.urgent:
                 reserve = min(spec.burst - 1, math.ceil(spec.burst * self._reserve_fraction))
