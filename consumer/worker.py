@@ -1,8 +1,8 @@
 """The consume loop: the only place that acknowledges a delivery message.
 
 Per message: decode -> claim the row (batched) -> pre-send checks -> rate budget ->
-send through the channel adapter -> write the attempt and the new state (batched, one
-transaction per group) -> publish the retry or dead letter with a confirm -> **only then
+send through the channel adapter -> write the attempt and the new state (batched: one
+statement per group) -> publish the retry or dead letter with a confirm -> **only then
 ack**. A crash anywhere before the ack means redelivery; the claim (with its lease and
 attempt fence) and the receiver's idempotency key make a redelivery harmless.
 """
@@ -87,8 +87,7 @@ class Worker:
             max_size=config.write_batch_max,
             max_concurrent=config.write_concurrency,
         )
-        self._in_flight: set[asyncio.Task[None]] = set()
-        self.handled = 0
+        self._in_flight: set[asyncio.Task[Any]] = set()
 
     def start(self) -> None:
         self._claims.start()
@@ -166,8 +165,6 @@ class Worker:
                 await message.nack(requeue=True)
             except Exception:
                 log.warning("nack failed", extra={"event": "nack_failed"})
-        finally:
-            self.handled += 1
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         if not self._tracing:  # nothing exports spans: skip the context work entirely
