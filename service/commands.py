@@ -48,14 +48,16 @@ async def migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
     allow = allow_list(settings)
-    source: TextIO = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
     try:
-        lines = source.readlines()
+        source: TextIO = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+    except OSError as exc:
+        raise errors.InputError(f"{args.file}: {exc.strerror}") from None
+    try:
+        async with _pool(settings) as pool:
+            count = await reminders.load(pool, source, allow)  # streamed, chunk by chunk
     finally:
         if source is not sys.stdin:
             source.close()
-    async with _pool(settings) as pool:
-        count = await reminders.load(pool, lines, allow)
     print(f"loaded {count} reminders")
     return errors.ExitCode.OK
 

@@ -1,13 +1,14 @@
 """Reminder files (JSON Lines) and the management operations on reminders.
 
-A file is all-or-nothing: every line is validated first, and if any line is bad the
-command names each bad line (up to 20) and loads nothing. A good file is upserted by
-``id`` in one transaction, in batches of 5,000 rows per statement.
+A file is all-or-nothing: it is read and upserted by ``id`` in chunks of 5,000 lines inside
+one transaction; if any line is bad, the command names each bad line (up to 20, with a
+count of the rest) and the transaction is rolled back, so nothing is loaded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -97,74 +98,96 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+class Problems:
+    """Bad lines found so far: the first ones kept (for the report), all of them counted."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self.kept: list[tuple[int, str]] = []
+        self.count = 0
+        self._keep = keep
+
+    def add(self, number: int, text: str) -> None:
+        self.count += 1
+        if len(self.kept) < self._keep:
+            self.kept.append((number, f"line {number}: {text}"))
+
+    def raise_if_any(self) -> None:
+        if not self.count:
+            return
+        shown = [text for _, text in sorted(self.kept)[:MAX_REPORTED_ERRORS]]
+        more = self.count - len(shown)
+        tail = [f"... and {more} more bad lines"] if more else []
+        raise errors.InputError("\n".join([*shown, *tail, "nothing was loaded"]))
+
+
 def parse_lines(
-    lines: Iterable[str], now: datetime, allow: netpolicy.AllowList
-) -> tuple[list[Prepared], list[str]]:
-    """Validate every line without network access: (good lines, problems by line)."""
-    problems: list[str] = []
-    seen: set[str] = set()
+    numbered: Iterable[tuple[int, str]],
+    now: datetime,
+    allow: netpolicy.AllowList,
+    seen: set[str],
+    problems: Problems,
+) -> list[Prepared]:
+    """Validate lines without network access; bad ones go to ``problems``. ``seen`` holds
+    the ids of earlier lines, across chunks of one file."""
     prepared: list[Prepared] = []
-    for number, raw in enumerate(lines, start=1):
+    for number, raw in numbered:
         if not raw.strip():
             continue
         try:
             data = json.loads(raw)
         except json.JSONDecodeError as exc:
-            problems.append(f"line {number}: not valid JSON ({exc.msg})")
+            problems.add(number, f"not valid JSON ({exc.msg})")
             continue
         if not isinstance(data, dict):
-            problems.append(f"line {number}: expected a JSON object")
+            problems.add(number, "expected a JSON object")
             continue
         try:
             line = ReminderLine.model_validate(data)
         except ValidationError as exc:
-            problems.append(f"line {number}: {_describe(exc)}")
+            problems.add(number, _describe(exc))
             continue
         except schedule.ScheduleError as exc:
-            problems.append(f"line {number}: {exc}")
+            problems.add(number, str(exc))
             continue
         if line.id in seen:
-            problems.append(f"line {number}: id {line.id!r} appears twice in the file")
+            problems.add(number, f"id {line.id!r} appears twice in the file")
             continue
         seen.add(line.id)
         if line.channel == "webhook":
             problem = netpolicy.url_problem(line.destination, allow)
             if problem:
-                problems.append(f"line {number}: destination refused ({problem})")
+                problems.add(number, f"destination refused ({problem})")
                 continue
         sched = line.schedule()
         first = schedule.first_occurrence(sched, now)
         prepared.append(Prepared(number, line, first, sched.daily_at))
-    return prepared, problems
+    return prepared
 
 
-def _raise_if(problems: list[str]) -> None:
-    if problems:
-        shown = problems[:MAX_REPORTED_ERRORS]
-        more = len(problems) - len(shown)
-        tail = [f"... and {more} more bad lines"] if more else []
-        raise errors.InputError("\n".join([*shown, *tail, "nothing was loaded"]))
-
-
-async def check_destinations(items: list[Prepared], allow: netpolicy.AllowList) -> list[str]:
-    """Resolve each webhook host once; refuse lines whose host resolves to a refused
-    address. A name that does not resolve now is let through: the connect-time check
-    in the webhook adapter decides when it is used."""
-    hosts: dict[tuple[str, int], list[int]] = {}
+async def check_destinations(
+    items: list[Prepared],
+    allow: netpolicy.AllowList,
+    verdicts: dict[tuple[str, int], str | None],
+    problems: Problems,
+) -> None:
+    """Resolve each webhook host once per file (``verdicts`` caches it); refuse lines whose
+    host resolves to a refused address. A name that does not resolve now is let through:
+    the connect-time check in the webhook adapter decides when it is used."""
     for item in items:
-        if item.line.channel == "webhook":
-            parts = urlsplit(item.line.destination)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            hosts.setdefault((parts.hostname or "", port), []).append(item.number)
-    problems: list[str] = []
-    for (host, port), numbers in hosts.items():
-        try:
-            await asyncio.wait_for(netpolicy.resolve_and_check(host, port, allow), 5)
-        except netpolicy.DestinationRefused as exc:
-            problems += [f"line {n}: destination refused ({exc})" for n in numbers]
-        except (OSError, TimeoutError):
+        if item.line.channel != "webhook":
             continue
-    return problems
+        parts = urlsplit(item.line.destination)
+        target = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        if target not in verdicts:
+            try:
+                await asyncio.wait_for(netpolicy.resolve_and_check(*target, allow), 5)
+                verdicts[target] = None
+            except netpolicy.DestinationRefused as exc:
+                verdicts[target] = str(exc)
+            except (OSError, TimeoutError):
+                verdicts[target] = None
+        if verdicts[target] is not None:
+            problems.add(item.number, f"destination refused ({verdicts[target]})")
 
 
 async def load(
@@ -173,16 +196,27 @@ async def load(
     allow: netpolicy.AllowList,
     now: datetime | None = None,
 ) -> int:
-    """Validate and upsert a whole file in one transaction; return the number of lines."""
+    """Validate and upsert a whole file in one transaction; return the number of lines.
+
+    Lines are read, checked and written in chunks, so memory stays flat however long the
+    file; the first bad line stops the writing (checking goes on, to report every bad
+    line) and the transaction is rolled back: all or nothing.
+    """
     when = now or datetime.now(UTC)
-    items, problems = parse_lines(lines, when, allow)
-    problems += await check_destinations(items, allow)
-    _raise_if(sorted(problems, key=lambda p: int(p.split(":")[0].removeprefix("line "))))
+    problems = Problems()
+    seen: set[str] = set()
+    verdicts: dict[tuple[str, int], str | None] = {}
+    loaded = 0
+    numbered = enumerate(lines, start=1)
     async with pool.acquire() as conn, conn.transaction():
-        for start in range(0, len(items), UPSERT_BATCH):
-            chunk = items[start : start + UPSERT_BATCH]
-            await conn.execute(db.q("upsert_reminders"), *_columns(chunk))
-    return len(items)
+        while chunk := list(itertools.islice(numbered, UPSERT_BATCH)):
+            items = parse_lines(chunk, when, allow, seen, problems)
+            await check_destinations(items, allow, verdicts, problems)
+            if not problems.count and items:
+                await conn.execute(db.q("upsert_reminders"), *_columns(items))
+                loaded += len(items)
+        problems.raise_if_any()  # raising inside the block rolls the transaction back
+    return loaded
 
 
 def _columns(chunk: list[Prepared]) -> list[list[Any]]:

@@ -208,9 +208,12 @@ def test_allow_list_admits_exactly_the_partner() -> None:
 def test_example_reminders_load_against_the_stack() -> None:
     allow = netpolicy.parse_networks(environment(services()["consumer"])["RELAY_ALLOW_NETWORKS"])
     path = REPO / "deploy" / "compose" / "reminders.example.jsonl"
+    problems = reminders.Problems()
     with path.open(encoding="utf-8") as fh:
-        prepared, problems = reminders.parse_lines(fh, datetime.now(UTC), allow)
-    assert not problems
+        prepared = reminders.parse_lines(
+            enumerate(fh, start=1), datetime.now(UTC), allow, set(), problems
+        )
+    assert problems.count == 0, problems.kept
     assert prepared
     for item in prepared:
         assert item.line.destination.startswith("http://partner:8090/hooks/")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -88,3 +89,24 @@ async def test_good_file_loads_and_a_reload_keeps_the_next_occurrence(
     again = await rs.relay(settings, "reminders", "load", "-", stdin="\n".join(lines))
     assert again.code == 0
     assert await pool.fetch("SELECT id, next_due_at FROM reminders ORDER BY id") == before
+
+
+async def test_bad_line_after_chunks_already_written_rolls_the_whole_file_back(
+    settings: Settings, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # More than two write chunks of good lines, then one bad line: still nothing loaded.
+    path = tmp_path / "big.jsonl"
+    good = [rs.line(f"r{i}", "http://127.0.0.1:9/hooks/a") for i in range(12001)]
+    path.write_text("\n".join([*good, '{"id": "late"}']) + "\n")
+    result = await rs.relay(settings, "reminders", "load", str(path))
+    assert result.code == 2
+    assert "line 12002: channel: Field required" in result.stderr
+    assert "nothing was loaded" in result.stderr
+    assert await pool.fetchval("SELECT count(*) FROM reminders") == 0
+
+
+async def test_missing_reminders_file_is_a_clear_error(settings: Settings) -> None:
+    result = await rs.relay(settings, "reminders", "load", "/nonexistent/reminders.jsonl")
+    assert result.code == 2
+    assert "/nonexistent/reminders.jsonl: No such file or directory" in result.stderr
+    assert "Traceback" not in result.stderr
