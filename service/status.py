@@ -95,7 +95,15 @@ async def run_reports(
 async def overall(pool: asyncpg.Pool) -> dict[str, Any]:
     counts = {r["state"]: r["n"] for r in await pool.fetch(db.q("overall_state_counts"))}
     oldest = await pool.fetchval(db.q("oldest_claimable_age"))
-    return {"states": counts, "oldest_claimable_seconds": oldest}
+    outbox_rows = await pool.fetch(db.q("outbox_state_counts"))
+    outbox = {
+        "states": {r["state"]: r["n"] for r in outbox_rows},
+        "oldest_pending_seconds": max(
+            (r["oldest_pending_seconds"] for r in outbox_rows if r["oldest_pending_seconds"]),
+            default=None,
+        ),
+    }
+    return {"states": counts, "oldest_claimable_seconds": oldest, "outbox": outbox}
 
 
 async def missing(pool: asyncpg.Pool, run_id: int, limit: int) -> list[dict[str, Any]]:
@@ -132,6 +140,12 @@ def render_table(reports: list[RunReport], totals: dict[str, Any]) -> str:
     summary = ", ".join(f"{k}={states[k]}" for k in sorted(states)) or "no deliveries"
     lines.append("")
     lines.append(f"all deliveries: {summary}")
+    outbox = totals["outbox"]
+    if outbox["states"]:
+        parts = ", ".join(f"{k}={v}" for k, v in sorted(outbox["states"].items()))
+        pending_age = outbox["oldest_pending_seconds"]
+        age = f"; oldest pending {pending_age:.0f} s" if pending_age is not None else ""
+        lines.append(f"outbox intents (no run): {parts}{age}")
     oldest = totals["oldest_claimable_seconds"]
     lines.append(
         "oldest claimable delivery: " + ("none" if oldest is None else f"{oldest:.0f} s old")

@@ -291,6 +291,13 @@ GROUP BY run_id, state, skip_reason;
 -- name: overall_state_counts
 SELECT state::text AS state, count(*) AS n FROM deliveries GROUP BY state;
 
+-- name: outbox_state_counts
+-- Outbox intents belong to no publish run: the report lists them on their own.
+SELECT state::text AS state, count(*) AS n,
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8
+           AS oldest_pending_seconds
+FROM deliveries WHERE source = 'outbox' GROUP BY state;
+
 -- name: oldest_claimable_age
 -- Age of the oldest row that could be worked now (not rows waiting for their retry time).
 SELECT extract(epoch FROM now() - min(coalesce(published_at, created_at)))::float8

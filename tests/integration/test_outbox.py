@@ -4,6 +4,8 @@ commits or rolls back with the caller's transaction, and a committed one is rela
 
 from __future__ import annotations
 
+import json
+
 import asyncpg
 import pytest
 
@@ -219,3 +221,17 @@ async def test_committed_webhook_intent_is_relayed_by_publish_and_delivered_once
     assert partner.state.duplicates == 0 and partner.state.bad_signatures == 0
     attempts = await pool.fetch("SELECT outcome, payload_version FROM delivery_attempts")
     assert [(a["outcome"], a["payload_version"]) for a in attempts] == [("accepted", None)]
+
+
+async def test_status_reports_outbox_intents_apart_from_runs(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await outbox.add_intent(
+            conn, key="status-1", channel="webhook", destination=partner.url(), payload={"n": 1}
+        )
+    report = await rs.relay(settings, "status", "--json")
+    assert report.code == 0, report.stderr
+    assert json.loads(report.stdout)["outbox"]["states"] == {"pending": 1}
+    table = await rs.relay(settings, "status")
+    assert "outbox intents (no run): pending=1; oldest pending" in table.stdout
