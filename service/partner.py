@@ -127,8 +127,15 @@ async def start(
     partner: Partner, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, int]:
     """Serve ``partner``; return the runner (for cleanup) and the bound port."""
-    # A hanging path's handlers are abandoned on cleanup rather than awaited for a minute.
-    runner = web.AppRunner(partner.app(), access_log=None, shutdown_timeout=1.0)
+    return await serve(partner.app(), host, port)
+
+
+async def serve(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, int]:
+    """Serve any aiohttp app (port 0: a free one); return the runner and the bound port."""
+    # A hanging handler is abandoned on cleanup rather than awaited for a minute.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

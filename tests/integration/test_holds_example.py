@@ -20,6 +20,7 @@ from pydantic import SecretStr
 
 from examples.holds import worker as holds
 from service import db
+from service import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
 
@@ -66,13 +67,7 @@ async def email_api() -> AsyncIterator[FakeEmailApi]:
     api = FakeEmailApi()
     app = web.Application()
     app.router.add_post("/emails", api.emails)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server
-    assert server is not None
-    api.port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+    runner, api.port = await partner_mod.serve(app)
     yield api
     await runner.cleanup()
 

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 from aiohttp import web
 
+from service import partner as partner_mod
 from service import schedule
 from service.settings import Settings
 from tests.support import relay as rs
@@ -52,13 +53,7 @@ async def receiver() -> AsyncIterator[RecordingReceiver]:
     recorder = RecordingReceiver()
     app = web.Application()
     app.router.add_post("/hook", recorder.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server
-    assert server is not None
-    recorder.port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+    runner, recorder.port = await partner_mod.serve(app)
     yield recorder
     await runner.cleanup()
 
