@@ -43,17 +43,17 @@ from consumer.channels.base import Outcome, OutcomeKind, SendRequest
 from consumer.channels.http import (
     HttpReply,
     SharedSession,
-    check_positive,
+    check_provider_config,
     classify_status,
     excerpt,
     parse_retry_after,
     post_bounded,
+    rejected,
     safe_token,
     secret_value,
     transport_outcome,
     try_json_object,
 )
-from service.netpolicy import url_problem
 
 __all__ = ["EmailChannel", "EmailConfig"]
 
@@ -84,11 +84,7 @@ class EmailConfig:
             raise ValueError("api_key is required")
         if not self.sender.strip() or "\r" in self.sender or "\n" in self.sender:
             raise ValueError("sender must be a non-empty single line")
-        problem = url_problem(self.base_url)
-        if problem is not None:
-            raise ValueError(f"base_url: {problem}")
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
-        check_positive(
+        check_provider_config(
             self,
             "timeout_seconds",
             "connect_timeout_seconds",
@@ -96,12 +92,6 @@ class EmailConfig:
             "max_response_bytes",
             "connection_limit",
         )
-        if not 0 <= self.max_response_excerpt_bytes <= self.max_response_bytes:
-            raise ValueError("max_response_excerpt_bytes must be within 0..max_response_bytes")
-
-
-def _rejected(error: str) -> Outcome:
-    return Outcome(kind=OutcomeKind.REJECTED, error=error)
 
 
 def _build_message(sender: str, request: SendRequest) -> dict[str, object] | str:
@@ -145,15 +135,15 @@ class EmailChannel:
         """POST one email and classify the answer; never raises for failures."""
         cfg = self._config
         if not _ADDRESS.fullmatch(request.destination):
-            return _rejected("invalid recipient address")
+            return rejected("invalid recipient address")
         if not _KEY.fullmatch(request.idempotency_key):
-            return _rejected("invalid idempotency key")
+            return rejected("invalid idempotency key")
         message = _build_message(cfg.sender, request)
         if isinstance(message, str):
-            return _rejected(message)
+            return rejected(message)
         data = json.dumps(message, ensure_ascii=False).encode("utf-8")
         if len(data) > cfg.max_request_bytes:
-            return _rejected("payload too large")
+            return rejected("payload too large")
 
         headers = {
             "Authorization": f"Bearer {secret_value(cfg.api_key)}",

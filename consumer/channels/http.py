@@ -18,12 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from pydantic import SecretStr
 
 from consumer.channels.base import Outcome, OutcomeKind
+from service.netpolicy import url_problem
 
 __all__ = [
     "BoundedBody",
@@ -295,3 +296,34 @@ def check_positive(config: object, *names: str) -> None:
         value = getattr(config, name)
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive number")
+
+
+def rejected(error: str) -> Outcome:
+    """A REJECTED outcome made before any request (bad payload, refused destination)."""
+    return Outcome(kind=OutcomeKind.REJECTED, error=error)
+
+
+class ProviderConfig(Protocol):
+    """What ``check_provider_config`` reads of an API adapter's config."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def max_response_bytes(self) -> int: ...
+
+    @property
+    def max_response_excerpt_bytes(self) -> int: ...
+
+
+def check_provider_config(config: ProviderConfig, *positive: str) -> None:
+    """The checks every HTTP API adapter's config shares: a well-formed ``base_url``
+    (stored without its trailing slash), the named fields positive, and the response
+    excerpt no longer than what is read."""
+    problem = url_problem(config.base_url)
+    if problem is not None:
+        raise ValueError(f"base_url: {problem}")
+    object.__setattr__(config, "base_url", config.base_url.rstrip("/"))
+    check_positive(config, *positive)
+    if not 0 <= config.max_response_excerpt_bytes <= config.max_response_bytes:
+        raise ValueError("max_response_excerpt_bytes must be within 0..max_response_bytes")

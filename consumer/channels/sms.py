@@ -45,16 +45,16 @@ from consumer.channels.base import Outcome, OutcomeKind, SendRequest
 from consumer.channels.http import (
     HttpReply,
     SharedSession,
-    check_positive,
+    check_provider_config,
     classify_status,
     excerpt,
     post_bounded,
+    rejected,
     safe_token,
     secret_value,
     transport_outcome,
     try_json_object,
 )
-from service.netpolicy import url_problem
 
 __all__ = ["MAX_BODY_CHARS", "SmsChannel", "SmsConfig"]
 
@@ -99,23 +99,13 @@ class SmsConfig:
             self.messaging_service_sid
         ):
             raise ValueError("messaging_service_sid must be 'MG' followed by 32 hex digits")
-        problem = url_problem(self.base_url)
-        if problem is not None:
-            raise ValueError(f"base_url: {problem}")
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
-        check_positive(
+        check_provider_config(
             self,
             "timeout_seconds",
             "connect_timeout_seconds",
             "max_response_bytes",
             "connection_limit",
         )
-        if not 0 <= self.max_response_excerpt_bytes <= self.max_response_bytes:
-            raise ValueError("max_response_excerpt_bytes must be within 0..max_response_bytes")
-
-
-def _rejected(error: str) -> Outcome:
-    return Outcome(kind=OutcomeKind.REJECTED, error=error)
 
 
 def _utf16_len(text: str) -> int:
@@ -164,10 +154,10 @@ class SmsChannel:
         """POST one message and classify the answer; never raises for failures."""
         cfg = self._config
         if not _KEY.fullmatch(request.idempotency_key):
-            return _rejected("invalid idempotency key")
+            return rejected("invalid idempotency key")
         form = self._form(request)
         if isinstance(form, str):
-            return _rejected(form)
+            return rejected(form)
         try:
             reply = await post_bounded(
                 self._session.get(),

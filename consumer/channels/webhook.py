@@ -44,6 +44,7 @@ from consumer.channels.http import (
     classify_status,
     excerpt,
     read_bounded,
+    rejected,
     safe_token,
     transport_outcome,
 )
@@ -156,10 +157,6 @@ def _refusal(exc: BaseException) -> DestinationRefused | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-def _rejected(error: str) -> Outcome:
-    return Outcome(kind=OutcomeKind.REJECTED, error=error)
 
 
 class WebhookChannel:
@@ -277,9 +274,9 @@ class WebhookChannel:
             self._checked[request.destination] = checked
         url, problem = checked
         if url is None:
-            return _rejected(problem or "url: malformed")
+            return rejected(problem or "url: malformed")
         if not _KEY_PATTERN.fullmatch(request.idempotency_key):
-            return _rejected("invalid idempotency key")
+            return rejected("invalid idempotency key")
         try:
             # Compact and deterministic for a given payload; the exact string
             # is what gets signed, so it is sent byte for byte.
@@ -287,10 +284,10 @@ class WebhookChannel:
                 request.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
             )
         except (TypeError, ValueError):
-            return _rejected("payload not json serializable")
+            return rejected("payload not json serializable")
         data = body.encode("utf-8")
         if len(data) > cfg.max_request_bytes:
-            return _rejected("payload too large")
+            return rejected("payload too large")
 
         session = self._get_session()
         try:
@@ -304,13 +301,13 @@ class WebhookChannel:
                 status = response.status
                 headers = response.headers
         except DestinationRefused as exc:
-            return _rejected(exc.reason)
+            return rejected(exc.reason)
         except aiohttp.InvalidURL:
-            return _rejected("url: invalid")
+            return rejected("url: invalid")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             refusal = _refusal(exc)
             if refusal is not None:
-                return _rejected(refusal.reason)
+                return rejected(refusal.reason)
             return transport_outcome(exc)
 
         extra: dict[str, str] = {}
