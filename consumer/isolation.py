@@ -2,8 +2,13 @@
 
 One destination that accepts connections and never answers must not slow the others.
 Each destination (a webhook's scheme://host:port, or a provider for email/SMS) may use at
-most ``max_in_flight`` of this process's sends at once; a send beyond that is deferred
-rather than queued, so it does not hold a prefetch slot that healthy destinations need.
+most ``max_in_flight`` of this process's sends at once. A send beyond that may wait for a
+slot, first come first served, when the wait is expected to be short: the destination is
+answering (no failure streak, a send finished within ``max_wait_seconds``) and the sends
+ahead would, at its recent pace, be served within ``max_wait_seconds``. A healthy
+destination's slots free within milliseconds, so a burst to it simply queues; a hung or
+slow one's sends are deferred rather than left holding prefetch slots that healthy
+destinations need.
 After ``failure_threshold`` consecutive failures (timeouts, connection errors, 5xx) the
 circuit opens: sends are deferred without an attempt until ``cooldown_seconds`` pass,
 then one probe is let through (half-open); its success closes the circuit, its failure
@@ -12,9 +17,11 @@ opens it again. State is per process: each replica learns on its own.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 
@@ -24,6 +31,10 @@ class _Circuit:
     failures: int = 0
     open_until: float = 0.0
     probing: bool = False
+    last_finished: float | None = None  # when a send to it last finished (monotonic)
+    finish_gap: float | None = None  # smoothed seconds between finished sends: its pace
+    # Sends waiting for a slot, first come first served; leave() hands its slot over.
+    waiters: deque[asyncio.Future[bool]] = field(default_factory=deque)
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,11 @@ class Admission:
     admitted: bool
     retry_after_seconds: float = 0.0
     reason: str = ""
+
+
+def _settle(waiter: asyncio.Future[bool], admitted: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(admitted)
 
 
 def destination_key(channel: str, provider: str, destination: str) -> str:
@@ -51,12 +67,14 @@ class DestinationGuard:
         failure_threshold: int,
         cooldown_seconds: float,
         busy_retry_seconds: float = 1.0,
+        max_wait_seconds: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._max = max_in_flight
         self._threshold = failure_threshold
         self._cooldown = cooldown_seconds
         self._busy_retry = busy_retry_seconds
+        self._max_wait = max_wait_seconds
         self._now = monotonic
         self._circuits: dict[str, _Circuit] = {}
 
@@ -67,6 +85,38 @@ class DestinationGuard:
         if circuit and circuit.failures >= self._threshold and now < circuit.open_until:
             return Admission(False, circuit.open_until - now, "circuit open")
         return Admission(True)
+
+    async def acquire(self, key: str) -> Admission:
+        """Admit one send to ``key``, waiting briefly for a slot when its share is full."""
+        admission = self.enter(key)
+        circuit = self._circuits[key]
+        if admission.admitted or not self._may_wait(circuit):
+            return admission
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        circuit.waiters.append(waiter)
+        timer = loop.call_later(self._max_wait, _settle, waiter, False)
+        try:
+            if await waiter:
+                return Admission(True)  # leave() handed its slot to this send
+            return admission
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self.leave(key, failed=None)  # handed over just as it was cancelled: pass on
+            raise
+        finally:
+            timer.cancel()
+            if waiter in circuit.waiters:
+                circuit.waiters.remove(waiter)
+
+    def _may_wait(self, circuit: _Circuit) -> bool:
+        if self._max_wait <= 0 or circuit.failures > 0:
+            return False
+        if circuit.last_finished is None or circuit.finish_gap is None:
+            return len(circuit.waiters) < self._max  # no pace known yet: a share's worth
+        if self._now() - circuit.last_finished > self._max_wait:
+            return False  # the sends in flight are stuck
+        return (len(circuit.waiters) + 1) * circuit.finish_gap <= self._max_wait
 
     def enter(self, key: str) -> Admission:
         """Admit one send to ``key`` now, or say when to try again."""
@@ -89,14 +139,27 @@ class DestinationGuard:
         circuit = self._circuits[key]
         circuit.in_flight -= 1
         circuit.probing = False
-        if failed is None:
-            return
+        now = self._now()
+        if failed is not None:  # a slot given back unused says nothing about the pace
+            if circuit.last_finished is not None:
+                gap = now - circuit.last_finished
+                previous = gap if circuit.finish_gap is None else circuit.finish_gap
+                circuit.finish_gap = previous + 0.2 * (gap - previous)
+            circuit.last_finished = now
         if failed:
             circuit.failures += 1
             if circuit.failures >= self._threshold:
-                circuit.open_until = self._now() + self._cooldown
-        else:
+                circuit.open_until = now + self._cooldown
+        elif failed is not None:
             circuit.failures = 0
+        # The freed slot goes straight to the longest-waiting send, unless the circuit opened.
+        while circuit.waiters and circuit.in_flight < self._max:
+            if circuit.failures >= self._threshold:
+                break
+            waiter = circuit.waiters.popleft()
+            if not waiter.done():
+                circuit.in_flight += 1
+                waiter.set_result(True)
 
     def is_open(self, key: str) -> bool:
         circuit = self._circuits.get(key)

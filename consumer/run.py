@@ -153,6 +153,7 @@ async def run(
                 max_in_flight=destination_share(settings),
                 failure_threshold=settings.breaker_failure_threshold,
                 cooldown_seconds=settings.breaker_cooldown_seconds,
+                max_wait_seconds=settings.destination_wait_seconds,
             ),
             budgets=budgets,
             tracer=tracer,

@@ -428,20 +428,20 @@ class Worker:
                 reason = "rate budget exhausted or paused"
                 await self._defer(message, row, self._config.budget_defer_seconds, reason)
                 return None
-        lease_left = self._config.lease_seconds - (time.monotonic() - claimed_at)
-        if lease_left <= self._config.send_timeout_seconds:
-            # The wait ate the lease: sending now could overlap another claim of the row.
-            reason = "lease too short after waiting"
-            await self._defer(message, row, self._config.budget_defer_seconds, reason)
-            return None
         # The destination's share is taken only for the request itself, never while
         # waiting for budget, so one provider's backlog cannot crowd out another's.
-        admission = self._guard.enter(key)
+        admission = await self._guard.acquire(key)
         if not admission.admitted:
             await self._defer(message, row, admission.retry_after_seconds, admission.reason)
             return None
         failed: bool | None = None
         try:
+            lease_left = self._config.lease_seconds - (time.monotonic() - claimed_at)
+            if lease_left <= self._config.send_timeout_seconds:
+                # The waits ate the lease: sending now could overlap another claim of the row.
+                reason = "lease too short after waiting"
+                await self._defer(message, row, self._config.budget_defer_seconds, reason)
+                return None
             started = time.monotonic()
             outcome = await channel.send(
                 SendRequest(

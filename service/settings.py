@@ -171,7 +171,14 @@ class Settings(BaseSettings):
         default=0.25,
         gt=0,
         le=1,
-        description="Share of the prefetch one destination may use at once; more is deferred.",
+        description="Share of the prefetch one destination may use at once; more waits "
+        "for a slot (see destination_wait_seconds), then is deferred.",
+    )
+    destination_wait_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="Longest a send waits for a slot of its destination's share before it is "
+        "deferred (s); at most a share's worth of sends wait. 0: defer at once.",
     )
     breaker_failure_threshold: int = Field(
         default=5, ge=1, description="Consecutive failures that open a destination's circuit."
