@@ -2,8 +2,11 @@
 
 Per run (fresh database ``relay_bench_drain_*`` and broker namespace ``bench-*``):
 
-1. start the demo partner (``relay partner``) in its own process, verifying the
-   Standard Webhooks signature of every request (``RELAY_WEBHOOK_SIGNING_SECRETS``);
+1. start a receiver in its own process, verifying the Standard Webhooks signature of
+   every request (``RELAY_WEBHOOK_SIGNING_SECRETS``) and counting logical events by
+   idempotency key: ``bench/receiver.py`` (default: a partner on another machine costs
+   this machine nothing, so the stand-in costs as little as it can) or, with
+   ``--receiver partner``, the demo partner (``relay partner``, ~4x its CPU);
 2. load N one-shot reminders due now (``relay reminders load``) and queue them
    (``relay publish``): N rows ``queued``, N messages on the quorum work queue;
 3. start one ``relay consume`` (``RELAY_HEALTH_PORT=0``) and poll the ledger until all
@@ -184,9 +187,12 @@ async def _prepare(args: argparse.Namespace, env: BenchEnv, port: int) -> None:
 async def one_run(args: argparse.Namespace, number: int) -> DrainRun:
     async with bench_env("drain", keep_scratch=args.keep_logs) as env:
         port = free_port()
-        partner = _spawn(
-            [*RELAY, "partner", "--port", str(port)], env.env(), env.scratch / "partner.log"
+        receiver = (
+            [sys.executable, str(Path(__file__).with_name("receiver.py"))]
+            if args.receiver == "lean"
+            else [*RELAY, "partner"]
         )
+        partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")
         profiler: subprocess.Popen[bytes] | None = None
         consumer: subprocess.Popen[bytes] | None = None
         try:
@@ -311,6 +317,12 @@ async def main() -> None:
         metavar="NAME=VALUE",
         help="extra consumer setting, e.g. destination_max_share=1 (RELAY_ prefix added)",
     )
+    parser.add_argument(
+        "--receiver",
+        choices=("lean", "partner"),
+        default="lean",
+        help="lean: bench/receiver.py (default); partner: the demo partner, relay partner",
+    )
     parser.add_argument("--poll", type=float, default=0.1, help="ledger poll interval (s)")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")
     parser.add_argument(
@@ -324,7 +336,8 @@ async def main() -> None:
     print(
         f"== drain benchmark: {args.count} queued webhook deliveries, one consumer, "
         f"prefetch {args.prefetch}, pool {args.pool_size}, write batch {args.write_batch}, "
-        f"log level {args.log_level}, {args.runs} run(s); load average {load_average()}; "
+        f"log level {args.log_level}, receiver {args.receiver}, {args.runs} run(s); "
+        f"load average {load_average()}; "
         f"{os.cpu_count()} CPUs",
         flush=True,
     )
