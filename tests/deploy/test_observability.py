@@ -136,7 +136,7 @@ def promtool() -> str:
     )
     if found is None:
         pytest.fail(
-            "promtool is not installed: run scripts/bootstrap (it installs Debian's "
+            "promtool is not installed: run scripts/test (it installs Debian's "
             "`prometheus` package, which ships /usr/bin/promtool)"
         )
     return found
