@@ -221,7 +221,39 @@ class Worker:
             extra={"event": "poison", "reason": reason, "delivery_id": delivery_id},
         )
 
+    async def _dead_letter(
+        self,
+        message: AbstractIncomingMessage,
+        delivery_id: int,
+        attempt: int,
+        error: str | None,
+        status: int | None,
+    ) -> None:
+        """Publish a dead row's dead letter, then record that the broker confirmed it."""
+        await self._publisher.publish_dead(
+            message.body,
+            {
+                **telemetry.trace_headers(message.headers),
+                amqp.REASON_HEADER: error or "dead",
+                "x-relay-last-status": status or 0,
+                "x-relay-attempts": attempt,
+                "x-relay-delivery-id": delivery_id,
+            },
+        )
+        await ledger.mark_dead_lettered(self._pool, delivery_id, attempt)
+
     async def _not_claimable(self, message: AbstractIncomingMessage, row: Unclaimable) -> None:
+        if row.dead_letter_missing:
+            # The consumer that wrote 'dead' died before the dead letter was confirmed:
+            # publish it now, from the ledger, so the dead-letter queue misses nothing.
+            await self._dead_letter(message, row.id, row.attempts, row.last_error, row.last_status)
+            await message.ack()
+            self._metrics.dead_letters.add(1, {"reason": (row.last_error or "dead").split(":")[0]})
+            log.warning(
+                "missing dead letter published on redelivery",
+                extra={"event": "dead_letter_recovered", "delivery_id": row.id},
+            )
+            return
         if row.state in ledger.FINAL_STATES:
             # Already final: a redelivery or a rescue duplicate. Never send again.
             self._metrics.duplicates.add(1, {"state": row.state.value})
@@ -357,15 +389,8 @@ class Worker:
             )
             self._metrics.retries_scheduled.add(1, labels)
         elif written and decision.action is Action.DEAD:
-            await self._publisher.publish_dead(
-                message.body,
-                {
-                    **telemetry.trace_headers(message.headers),
-                    amqp.REASON_HEADER: completion.error or "dead",
-                    "x-relay-last-status": outcome.http_status or 0,
-                    "x-relay-attempts": row.attempts,
-                    "x-relay-delivery-id": row.id,
-                },
+            await self._dead_letter(
+                message, row.id, row.attempts, completion.error, outcome.http_status
             )
             self._metrics.dead_letters.add(1, {"reason": decision.reason or "dead", **labels})
         if written and decision.action is not Action.DELIVERED:

@@ -85,6 +85,11 @@ class Unclaimable:
     next_attempt_at: datetime | None
     lease_expires_at: datetime | None
     now: datetime
+    attempts: int = 0
+    last_status: int | None = None
+    last_error: str | None = None
+    # 'dead', but its dead letter was never confirmed (the consumer died in between).
+    dead_letter_missing: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,8 +148,17 @@ async def claim(
                 next_attempt_at=r["next_attempt_at"],
                 lease_expires_at=r["lease_expires_at"],
                 now=r["now"],
+                attempts=r["attempts"],
+                last_status=r["last_status"],
+                last_error=r["last_error"],
+                dead_letter_missing=r["dead_letter_missing"],
             )
     return claimed, others
+
+
+async def mark_dead_lettered(executor: Executor, delivery_id: int, attempt: int) -> None:
+    """Record that the dead letter of this row's death was confirmed by the broker."""
+    await executor.execute(q("mark_dead_lettered"), delivery_id, attempt)
 
 
 async def complete(conn: Connection, completions: Sequence[Completion]) -> set[int]:

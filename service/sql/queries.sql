@@ -207,9 +207,16 @@ FROM claimed AS c LEFT JOIN reminders AS r ON r.id = c.reminder_id;
 
 -- name: unclaimable
 -- Why the rows a claim did not take were not claimable, with the database's clock.
-SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now
+SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now,
+       attempts, last_status, last_error,
+       (state = 'dead' AND dead_lettered_at IS NULL) AS dead_letter_missing
 FROM deliveries
 WHERE id = ANY($1::bigint[]);
+
+-- name: mark_dead_lettered
+-- The dead letter of this death (the attempt that ended it) is confirmed by the broker.
+UPDATE deliveries SET dead_lettered_at = now()
+WHERE id = $1 AND state = 'dead' AND attempts = $2 AND dead_lettered_at IS NULL;
 
 -- name: complete
 -- Write the outcomes of many attempts, and their attempt rows, in one statement (one
@@ -349,7 +356,7 @@ LIMIT $11;
 -- dead -> pending for another round of attempts; the attempt history stays, and the new
 -- round's budget counts from here (round_start). Any other state is left alone.
 UPDATE deliveries SET state = 'pending', round_start = attempts, replays = replays + 1,
-                      finished_at = NULL
+                      finished_at = NULL, dead_lettered_at = NULL
 WHERE id = ANY($1::bigint[]) AND state = 'dead'
 RETURNING id, urgent;
 

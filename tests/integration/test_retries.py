@@ -274,3 +274,41 @@ async def _state_is(pool: asyncpg.Pool, state: str) -> bool:
 
 async def _some_delivered(pool: asyncpg.Pool) -> bool:
     return (await rs.states(pool)).get("delivered", 0) >= 20
+
+
+async def test_crash_between_the_dead_write_and_the_dead_letter_still_dead_letters_once(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    partner.state.rules["rejecting"] = partner_mod.PathRule(status=400)
+    points = ["after_write", "after_publish"]  # before / after the dead-letter publish
+    await rs.load(pool, [rs.line(p, partner.url("rejecting")) for p in points])
+    assert (await rs.relay(settings, "publish")).code == 0
+    for point in points:
+        crashing = await rs.start_consumer(settings, CRASH_AT=point, PREFETCH="1")
+        assert await asyncio.wait_for(crashing.wait(), 30) == -signal.SIGKILL, point
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _all_dead_lettered(pool), 30, "both dead letters recorded")
+        await rs.wait_for(lambda: _queue_empty(settings), 30, "redeliveries settled")
+    dead = await _dead_letters(settings)
+    assert sorted(m.headers["x-relay-delivery-id"] for m in dead) == [1, 2]
+    assert all(str(m.headers[amqp.REASON_HEADER]).startswith("rejected") for m in dead)
+    assert partner.state.requests_by_path["rejecting"] == 2  # nothing was sent again
+    rows = await pool.fetch("SELECT state::text, attempts FROM deliveries ORDER BY id")
+    assert [(r["state"], r["attempts"]) for r in rows] == [("dead", 1), ("dead", 1)]
+
+
+async def _all_dead_lettered(pool: asyncpg.Pool) -> bool:
+    missing = await pool.fetchval(
+        "SELECT count(*) FROM deliveries WHERE state <> 'dead' OR dead_lettered_at IS NULL"
+    )
+    return bool(missing == 0)
+
+
+async def _queue_empty(settings: Settings) -> bool:
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(
+            amqp.Topology.from_settings(settings).lane_queue(amqp.BULK), passive=True
+        )
+        return queue.declaration_result.message_count == 0
