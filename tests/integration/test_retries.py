@@ -185,6 +185,9 @@ async def test_permanent_4xx_is_dead_at_once_without_retries(
 async def test_purged_queue_with_deliveries_in_flight_is_recovered_from_the_ledger(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
+    # A small prefetch keeps most of the 500 waiting in the queue (ready, purgeable) for
+    # seconds, whenever the purge lands: 20 sends at a time, 0.2 s each.
+    settings = settings.model_copy(update={"prefetch": 20, "destination_max_share": 1.0})
     partner.state.rules["slowish"] = partner_mod.PathRule(delay_seconds=0.2)
     await rs.load(pool, [rs.line(f"r{i}", partner.url("slowish")) for i in range(500)])
     assert (await rs.relay(settings, "publish")).code == 0
