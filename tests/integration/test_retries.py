@@ -7,8 +7,10 @@ by sleeping for minutes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aio_pika
@@ -33,14 +35,18 @@ async def _state_of(pool: asyncpg.Pool, reminder_id: str) -> str:
     )
 
 
-async def _dead_letters(settings: Settings) -> list[aio_pika.abc.AbstractIncomingMessage]:
-    found = []
+@contextlib.asynccontextmanager
+async def _queue(settings: Settings, name: str) -> AsyncIterator[aio_pika.abc.AbstractQueue]:
+    """One of the test's queues, declared passively on a connection of its own."""
     connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
     async with connection:
         channel = await connection.channel()
-        queue = await channel.declare_queue(
-            amqp.Topology.from_settings(settings).dead_queue, passive=True
-        )
+        yield await channel.declare_queue(name, passive=True)
+
+
+async def _dead_letters(settings: Settings) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    found = []
+    async with _queue(settings, amqp.Topology.from_settings(settings).dead_queue) as queue:
         while (message := await queue.get(fail=False)) is not None:
             found.append(message)
         for message in found:
@@ -49,12 +55,7 @@ async def _dead_letters(settings: Settings) -> list[aio_pika.abc.AbstractIncomin
 
 
 async def _purge(settings: Settings, lane: str = amqp.BULK) -> int:
-    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(
-            amqp.Topology.from_settings(settings).lane_queue(lane), passive=True
-        )
+    async with _queue(settings, amqp.Topology.from_settings(settings).lane_queue(lane)) as queue:
         result = await queue.purge()
         return int(result.message_count)
 
@@ -311,10 +312,6 @@ async def _all_dead_lettered(pool: asyncpg.Pool) -> bool:
 
 
 async def _queue_empty(settings: Settings) -> bool:
-    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(
-            amqp.Topology.from_settings(settings).lane_queue(amqp.BULK), passive=True
-        )
+    lane = amqp.Topology.from_settings(settings).lane_queue(amqp.BULK)
+    async with _queue(settings, lane) as queue:
         return queue.declaration_result.message_count == 0
