@@ -260,12 +260,7 @@ async def test_crash_at_each_step_of_the_retry_handoff_loses_nothing_and_sends_o
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, tmp_path: Path
 ) -> None:
     partner.state.rules["flaky"] = partner_mod.PathRule(status=503, first_n_per_key=1)
-    points = ["after_write", "after_publish"]
-    await rs.load(pool, [rs.line(p, partner.url("flaky")) for p in points])
-    assert (await rs.relay(settings, "publish")).code == 0
-    for point in points:
-        crashing = await rs.start_consumer(settings, CRASH_AT=point, PREFETCH="1")
-        assert await asyncio.wait_for(crashing.wait(), 30) == -signal.SIGKILL, point
+    await _one_crash_at_each(settings, pool, partner.url("flaky"), ["after_write", "after_publish"])
     async with rs.consumer_in_process(settings):
         await rs.wait_for(lambda: _delivered(pool, 2), 30, "both delivered")
     assert partner.state.logical_events == 2
@@ -273,6 +268,17 @@ async def test_crash_at_each_step_of_the_retry_handoff_loses_nothing_and_sends_o
     assert partner.state.requests_by_path["flaky"] == 4  # two 503s, then one send each
     rows = await pool.fetch("SELECT attempts FROM deliveries")
     assert [r["attempts"] for r in rows] == [2, 2]
+
+
+async def _one_crash_at_each(
+    settings: Settings, pool: asyncpg.Pool, url: str, points: list[str]
+) -> None:
+    """One reminder per crash point, published; a consumer SIGKILLs itself at each point."""
+    await rs.load(pool, [rs.line(p, url) for p in points])
+    assert (await rs.relay(settings, "publish")).code == 0
+    for point in points:
+        crashing = await rs.start_consumer(settings, CRASH_AT=point, PREFETCH="1")
+        assert await asyncio.wait_for(crashing.wait(), 30) == -signal.SIGKILL, point
 
 
 async def _state_is(pool: asyncpg.Pool, state: str) -> bool:
@@ -287,12 +293,10 @@ async def test_crash_between_the_dead_write_and_the_dead_letter_still_dead_lette
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
     partner.state.rules["rejecting"] = partner_mod.PathRule(status=400)
-    points = ["after_write", "after_publish"]  # before / after the dead-letter publish
-    await rs.load(pool, [rs.line(p, partner.url("rejecting")) for p in points])
-    assert (await rs.relay(settings, "publish")).code == 0
-    for point in points:
-        crashing = await rs.start_consumer(settings, CRASH_AT=point, PREFETCH="1")
-        assert await asyncio.wait_for(crashing.wait(), 30) == -signal.SIGKILL, point
+    # Before and after the dead-letter publish.
+    await _one_crash_at_each(
+        settings, pool, partner.url("rejecting"), ["after_write", "after_publish"]
+    )
     async with rs.consumer_in_process(settings):
         await rs.wait_for(lambda: _all_dead_lettered(pool), 30, "both dead letters recorded")
         await rs.wait_for(lambda: _queue_empty(settings), 30, "redeliveries settled")
