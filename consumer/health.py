@@ -1,7 +1,9 @@
 """Liveness, readiness and the Prometheus scrape endpoint of a consumer process.
 
-``/livez`` answers while the event loop runs. ``/readyz`` answers 200 only while the
-process holds an open broker connection, can run a query, and is consuming.
+``/livez`` answers 200 while the process can still make progress: the event loop runs,
+the database has not been unreachable past its bound, and held messages keep finishing.
+``/readyz`` answers 200 only while the broker connection and every channel the process
+needs are open, the database answers, and the process is consuming.
 ``/metrics`` renders the OpenTelemetry Prometheus reader's registry.
 """
 
@@ -13,12 +15,18 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, dict[str, bool]]]]
+LiveCheck = Callable[[], tuple[bool, dict[str, float]]]
 MetricsRender = Callable[[], bytes]
 
 
-def build_app(ready: ReadyCheck, render_metrics: MetricsRender | None) -> web.Application:
+def build_app(
+    ready: ReadyCheck, live: LiveCheck, render_metrics: MetricsRender | None
+) -> web.Application:
     async def livez(_: web.Request) -> web.Response:
-        return web.json_response({"status": "alive"})
+        ok, parts = live()
+        return web.json_response(
+            {"status": "alive" if ok else "stuck", **parts}, status=200 if ok else 503
+        )
 
     async def readyz(_: web.Request) -> web.Response:
         try:

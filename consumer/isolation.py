@@ -78,17 +78,20 @@ class DestinationGuard:
         self._now = monotonic
         self._circuits: dict[str, _Circuit] = {}
 
-    def check(self, key: str) -> Admission:
-        """Would a send be refused because the circuit is open? Takes no slot."""
+    def check_circuit(self, key: str) -> Admission:
+        """Would the circuit refuse a send now? Takes no slot (checked before any wait)."""
         circuit = self._circuits.get(key)
         now = self._now()
         if circuit and circuit.failures >= self._threshold and now < circuit.open_until:
             return Admission(False, circuit.open_until - now, "circuit open")
         return Admission(True)
 
-    async def acquire(self, key: str) -> Admission:
-        """Admit one send to ``key``, waiting briefly for a slot when its share is full."""
-        admission = self.enter(key)
+    async def take_slot(self, key: str) -> Admission:
+        """Take a slot of ``key``'s share for one request, waiting briefly when it is full.
+
+        A slot taken must be given back with ``return_slot``, whatever happens next.
+        """
+        admission = self.try_take_slot(key)
         circuit = self._circuits[key]
         if admission.admitted or not self._may_wait(circuit):
             return admission
@@ -102,7 +105,7 @@ class DestinationGuard:
             return admission
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.result():
-                self.leave(key, failed=None)  # handed over just as it was cancelled: pass on
+                self.return_slot(key, failed=None)  # handed over as it was cancelled: pass on
             raise
         finally:
             timer.cancel()
@@ -118,8 +121,8 @@ class DestinationGuard:
             return False  # the sends in flight are stuck
         return (len(circuit.waiters) + 1) * circuit.finish_gap <= self._max_wait
 
-    def enter(self, key: str) -> Admission:
-        """Admit one send to ``key`` now, or say when to try again."""
+    def try_take_slot(self, key: str) -> Admission:
+        """Take a slot of ``key`` now, or say when to try again."""
         circuit = self._circuits.setdefault(key, _Circuit())
         now = self._now()
         if circuit.failures >= self._threshold:
@@ -133,9 +136,9 @@ class DestinationGuard:
         circuit.in_flight += 1
         return Admission(True)
 
-    def leave(self, key: str, *, failed: bool | None) -> None:
-        """Record how an admitted send ended: ``failed`` (timeout, connection error, 5xx),
-        answered, or ``None`` when it was not attempted after all."""
+    def return_slot(self, key: str, *, failed: bool | None) -> None:
+        """Give a slot back, saying how its request ended: ``failed`` (timeout, connection
+        error, 5xx), answered, or ``None`` when no request was made after all."""
         circuit = self._circuits[key]
         circuit.in_flight -= 1
         circuit.probing = False
@@ -160,7 +163,3 @@ class DestinationGuard:
             if not waiter.done():
                 circuit.in_flight += 1
                 waiter.set_result(True)
-
-    def is_open(self, key: str) -> bool:
-        circuit = self._circuits.get(key)
-        return bool(circuit and circuit.failures >= self._threshold)

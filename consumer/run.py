@@ -1,23 +1,33 @@
 """``relay consume``: the composition root of a consumer process.
 
-Builds settings -> pool -> broker connection -> topology -> channels -> worker, serves the
-health endpoints, and runs the one shutdown protocol: SIGTERM/SIGINT -> stop intake ->
-drain in-flight deliveries within the grace period -> close in reverse order -> exit 0.
+Builds settings -> channels -> pool -> broker connection, topology and publisher ->
+database watch -> budgets -> store, gate, deliverer, worker -> consume channel -> health
+endpoints -> sampler, each registered on one ``AsyncExitStack`` so every exit path closes
+what was opened, in reverse order, within a deadline.
+
+One shutdown protocol for every cause: SIGTERM/SIGINT (exit 0); the broker connection, the
+consume channel or the publisher channel closed, the consumer cancelled by the broker, a
+publish not confirmed, or the database unreachable past its bound (exit 3, and the
+orchestrator restarts the pod). Stop intake -> give back claims that cannot finish ->
+await requests already sent -> close. It always ends within the shutdown grace period
+plus a few seconds, whatever the servers do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-import asyncpg
-from aio_pika.abc import AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractQueue
 from opentelemetry import trace
 
-from consumer import budget, health, isolation, retry, sampler, worker
+from consumer import budget, delivery, gate, health, isolation, retry, sampler, store, worker
 from consumer.channels.base import Channel
+from consumer.outage import DatabaseWatch
 from service import amqp, db, errors, logs, netpolicy
 from service.clock import SystemClock
 from service.crashpoints import CrashPoints
@@ -25,6 +35,9 @@ from service.settings import Settings
 from service.telemetry import Metrics
 
 log = logs.get("consumer")
+
+# Past the grace period, each closing step gets at most this long.
+_CLOSE_STEP_SECONDS = 2.0
 
 
 def build_channels(settings: Settings) -> dict[str, Channel]:
@@ -92,6 +105,54 @@ def build_policy(settings: Settings) -> retry.RetryPolicy:
     )
 
 
+class Failure:
+    """Why the process must stop and exit 3 (first cause wins); sets ``stop``."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        self.reason: str | None = None
+        self.closing = False  # our own close also closes channels: not a failure
+
+    def fail(self, reason: str) -> None:
+        if self.closing:
+            return
+        if self.reason is None:
+            self.reason = reason
+            log.error(
+                "stopping: server failure", extra={"event": "server_failure", "reason": reason}
+            )
+        self._stop.set()
+
+    @property
+    def exit_code(self) -> int:
+        return errors.ExitCode.OK if self.reason is None else errors.ExitCode.UNAVAILABLE
+
+
+@contextlib.contextmanager
+def _signals(stop: asyncio.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT set ``stop``; the previous handlers come back on exit."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def _bounded(step: Any, seconds: float) -> None:
+    """Run one closing step; past its deadline it is abandoned (the process is ending)."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(max(seconds, 0.1)):
+            await step
+
+
+async def _cancel_task(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def run(
     settings: Settings,
     *,
@@ -102,90 +163,134 @@ async def run(
     tracer: trace.Tracer | None = None,
 ) -> int:
     """Consume until SIGTERM/SIGINT (or until ``stop`` is set); return the exit code."""
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-    broker_lost = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        if stop is None:
+            stop = asyncio.Event()
+            stack.enter_context(_signals(stop))
+        failure = Failure(stop)
+        op_timeout = settings.amqp_timeout_seconds
 
-    channels = dict(channels) if channels is not None else build_channels(settings)
-    pool = await db.create_pool(settings)
-    connection = await amqp.connect(settings, name=f"relay-consume@{socket.gethostname()}")
+        adapters = dict(channels) if channels is not None else build_channels(settings)
+        for adapter in adapters.values():
+            stack.push_async_callback(_bounded, adapter.close(), _CLOSE_STEP_SECONDS)
 
-    # Crash-only on broker loss: exit non-zero and let the orchestrator restart us;
-    # unacked messages are redelivered to the other replicas meanwhile.
-    def on_close(*_: object) -> None:
-        broker_lost.set()
-        stop.set()
+        pool = await db.create_pool(settings)
+        stack.push_async_callback(db.close_pool, pool, _CLOSE_STEP_SECONDS)
 
-    connection.close_callbacks.add(on_close)
-    topology = amqp.Topology.from_settings(settings)
-    consuming = False
-    try:
-        setup_channel = await connection.channel()
-        await amqp.declare(setup_channel, topology)
-        await setup_channel.close()
-        publisher = await amqp.ConfirmedPublisher.open(connection, topology, settings)
+        connection, publisher = await amqp.open_publisher(settings, "relay-consume")
+        stack.push_async_callback(amqp.close_connection, connection, _CLOSE_STEP_SECONDS)
+        # Crash-only on broker trouble: exit 3 and let the orchestrator restart us on a
+        # fresh connection; unacked messages go back to the other replicas meanwhile.
+        connection.close_callbacks.add(lambda *_: failure.fail("broker connection lost"))
+        publisher.channel.close_callbacks.add(lambda *_: failure.fail("publisher channel closed"))
+        stack.callback(setattr, failure, "closing", True)  # runs before the close above
+
+        watch = DatabaseWatch(
+            pool,
+            outage_max_seconds=settings.database_outage_max_seconds,
+            probe_timeout_seconds=settings.database_command_timeout_seconds,
+            on_give_up=lambda: failure.fail("database unreachable"),
+        )
+        stack.push_async_callback(watch.stop)
+
         budgets = budget.Budgets(
             pool,
             budget.parse_budgets(settings.budgets),
             urgent_reserve_fraction=settings.budget_urgent_reserve,
         )
         await budgets.setup()
+
+        stopping = asyncio.Event()
+        ledger_store = store.Store(
+            pool,
+            watch,
+            lease_seconds=settings.lease_seconds,
+            batch_max=settings.write_batch_max,
+            # Few concurrent flushes make each one bigger: fewer round trips.
+            concurrency=max(1, min(2, settings.database_pool_size - 2)),
+            stopping=stopping,
+        )
+        ledger_store.start()
         work = worker.Worker(
-            pool=pool,
+            store=ledger_store,
+            deliverer=delivery.Deliverer(
+                store=ledger_store,
+                gate=gate.Gate(
+                    guard=isolation.DestinationGuard(
+                        max_in_flight=destination_share(settings),
+                        failure_threshold=settings.breaker_failure_threshold,
+                        cooldown_seconds=settings.breaker_cooldown_seconds,
+                        max_wait_seconds=settings.destination_wait_seconds,
+                    ),
+                    budgets=budgets,
+                    metrics=metrics,
+                    lease_seconds=settings.lease_seconds,
+                    send_timeout_seconds=settings.http_timeout_seconds,
+                    budget_max_wait_seconds=settings.budget_max_wait_seconds,
+                ),
+                channels=adapters,
+                policy=build_policy(settings),
+                metrics=metrics,
+                clock=SystemClock(),
+                budgets_pause=budgets.pause,
+                crash=CrashPoints(settings.crash_at),
+            ),
             publisher=publisher,
-            channels=channels,
-            policy=build_policy(settings),
-            config=worker.WorkerConfig(
-                lease_seconds=settings.lease_seconds,
-                write_batch_max=settings.write_batch_max,
-                # Few concurrent flushes make each one bigger: fewer round trips.
-                write_concurrency=max(1, min(2, settings.database_pool_size - 2)),
-                budget_max_wait_seconds=settings.budget_max_wait_seconds,
-                send_timeout_seconds=settings.http_timeout_seconds,
-            ),
+            config=worker.WorkerConfig(send_timeout_seconds=settings.http_timeout_seconds),
             metrics=metrics,
-            clock=SystemClock(),
+            stopping=stopping,
+            on_broker_failure=lambda: failure.fail("publish not confirmed"),
             crash=CrashPoints(settings.crash_at),
-            guard=isolation.DestinationGuard(
-                max_in_flight=destination_share(settings),
-                failure_threshold=settings.breaker_failure_threshold,
-                cooldown_seconds=settings.breaker_cooldown_seconds,
-                max_wait_seconds=settings.destination_wait_seconds,
-            ),
-            budgets=budgets,
             tracer=tracer,
         )
-        work.start()
-        consume_channel = await connection.channel()
-        await consume_channel.set_qos(prefetch_count=settings.prefetch)
+
+        async with asyncio.timeout(op_timeout):
+            consume_channel = await connection.channel()
+            await consume_channel.set_qos(prefetch_count=settings.prefetch)
+            topology = amqp.Topology.from_settings(settings)
+            # Urgent lane first, so a bulk backlog never sits in front of it.
+            queues = [
+                await consume_channel.get_queue(topology.lane_queue(lane), ensure=False)
+                for lane in (amqp.URGENT, amqp.BULK)
+            ]
+        consume_channel.close_callbacks.add(lambda *_: failure.fail("consume channel closed"))
+        underlay = await consume_channel.get_underlay_channel()
+        underlay.on_consumer_cancel_callbacks.add(
+            lambda *_: failure.fail("consumer cancelled by the broker")
+        )
+
+        consuming = False
 
         async def ready() -> tuple[bool, dict[str, bool]]:
-            broker_ok = not connection.is_closed and not consume_channel.is_closed
-            try:
-                await pool.fetchval(db.q("db_now"))
-                db_ok = True
-            except (OSError, asyncpg.PostgresError):
-                db_ok = False
+            broker_ok = not (connection.is_closed or consume_channel.is_closed or publisher.closed)
+            db_ok = await watch.check()
             return broker_ok and db_ok and consuming, {
                 "broker": broker_ok,
                 "database": db_ok,
                 "consuming": consuming,
             }
 
-        runner = None
+        def live() -> tuple[bool, dict[str, float]]:
+            outage = watch.outage_seconds
+            stalled = work.stalled_for()
+            ok = outage <= settings.database_outage_max_seconds and (
+                stalled <= settings.liveness_stall_seconds
+            )
+            return ok, {
+                "database_outage_seconds": round(outage, 3),
+                "stalled_seconds": round(stalled, 3),
+            }
+
         if settings.health_port:
             runner = await health.serve(
-                health.build_app(ready, render_metrics), settings.health_host, settings.health_port
+                health.build_app(ready, live, render_metrics),
+                settings.health_host,
+                settings.health_port,
             )
-        queues: list[tuple[AbstractQueue, str]] = []
-        # Urgent lane first, so a bulk backlog never sits in front of it on this channel.
-        for lane in (amqp.URGENT, amqp.BULK):
-            queue = await consume_channel.get_queue(topology.lane_queue(lane), ensure=False)
-            tag = await queue.consume(work.on_message)
-            queues.append((queue, tag))
+            stack.push_async_callback(_bounded, runner.cleanup(), _CLOSE_STEP_SECONDS)
+
+        async with asyncio.timeout(op_timeout):
+            tags = [(queue, await queue.consume(work.on_message)) for queue in queues]
         consuming = True
         metrics.snapshot.ready = True
         sampler_task = asyncio.create_task(
@@ -193,36 +298,49 @@ async def run(
                 pool, connection, topology, metrics.snapshot, settings.metrics_sample_seconds
             )
         )
+        stack.push_async_callback(_cancel_task, sampler_task)
         log.info("consuming", extra={"event": "consume_started", "prefetch": settings.prefetch})
 
         await stop.wait()
-        sampler_task.cancel()
-        metrics.snapshot.ready = False
-        if broker_lost.is_set():
-            log.error("broker connection lost", extra={"event": "broker_lost"})
-            await work.close()
-            return errors.ExitCode.UNAVAILABLE
-
-        # Stop intake first; prefetched but unstarted messages are redelivered on close.
         consuming = False
-        for queue, tag in queues:
-            await queue.cancel(tag)
-        drained = await work.drain(settings.shutdown_grace_seconds)
-        log.info(
-            "consumer stopping",
-            extra={"event": "consume_stopping", "drained": drained, "left": work.in_flight},
-        )
-        await work.close()
-        await publisher.close()
-        await consume_channel.close()
-        if runner is not None:
-            await runner.cleanup()
-        return errors.ExitCode.OK
-    finally:
-        for ch in channels.values():
-            await ch.close()
-        await connection.close()
-        await pool.close()
+        metrics.snapshot.ready = False
+        await _shutdown(settings, work, watch, consume_channel, tags, failure)
+        return failure.exit_code
+    raise AssertionError("unreachable")  # the exit stack never swallows an exception
+
+
+async def _shutdown(
+    settings: Settings,
+    work: worker.Worker,
+    watch: DatabaseWatch,
+    consume_channel: AbstractChannel,
+    tags: list[tuple[AbstractQueue, str]],
+    failure: Failure,
+) -> None:
+    """Stop intake, give back what cannot finish, await what was sent; all within grace."""
+    started = time.monotonic()
+    grace_end = started + settings.shutdown_grace_seconds
+    work.stop_intake(grace_ends_at=grace_end)
+    if failure.reason is not None:
+        work.give_back_now()  # a server failed: waiting for budget or slots is pointless
+    if not consume_channel.is_closed:
+        for queue, tag in tags:
+            await _bounded(queue.cancel(tag), _CLOSE_STEP_SECONDS)
+    # Requests on the wire finish (HTTP timeout < grace); claims that could not start
+    # are released and handed back before the end of grace.
+    drained = await work.drain(grace_end - 1.0)
+    watch.close()  # statements still waiting out an outage give up: their work goes back
+    drained = await work.drain(grace_end) or drained
+    log.info(
+        "consumer stopping",
+        extra={
+            "event": "consume_stopping",
+            "drained": drained,
+            "left": work.in_flight,
+            "reason": failure.reason or "signal",
+        },
+    )
+    await work.close(_CLOSE_STEP_SECONDS)
 
 
 async def check(settings: Settings) -> int:
@@ -232,9 +350,9 @@ async def check(settings: Settings) -> int:
         try:
             await pool.fetchval(db.q("db_now"))
         finally:
-            await pool.close()
+            await db.close_pool(pool, _CLOSE_STEP_SECONDS)
         connection = await amqp.connect(settings, name="relay-check")
-        await connection.close()
+        await amqp.close_connection(connection, _CLOSE_STEP_SECONDS)
     except errors.UnavailableError as exc:
         print(f"not ready: {exc}")
         return errors.ExitCode.UNAVAILABLE

@@ -7,8 +7,9 @@ from datetime import datetime
 
 from publisher import replay as replay_mod
 from publisher import run as publish_run
-from service import amqp, db, errors, telemetry
+from service import errors, telemetry
 from service.clock import SystemClock
+from service.ledger import State
 from service.settings import Settings
 
 
@@ -67,46 +68,37 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
         raise errors.ConfigError("--apply and --dry-run: choose one")
     if args.limit < 1:
         raise errors.ConfigError("--limit: must be at least 1")
-    states = tuple(args.state or ["dead"])
-    bad = [s for s in states if s not in replay_mod.REPLAYABLE]
+    names = tuple(args.state or ["dead"])
+    replayable = {s.value for s in replay_mod.REPLAYABLE}
+    bad = [s for s in names if s not in replayable]
     if bad:
         raise errors.ConfigError(
             f"--state: {', '.join(bad)} cannot be replayed "
-            f"(choose from {', '.join(replay_mod.REPLAYABLE)}; delivered rows never are)"
+            f"(choose from {', '.join(sorted(replayable))}; delivered rows never are)"
         )
+    filters = replay_mod.LedgerFilter(
+        states=tuple(State(s) for s in names),
+        since=_parse_time(args.since, "--since"),
+        until=_parse_time(args.until, "--until"),
+        run_id=args.run,
+        reminder_id=args.reminder,
+        provider=args.provider,
+        channel=args.channel,
+        key=args.key,
+        last_status=args.last_status,
+    )
     telem = telemetry.setup("relay-replay")
-    pool = await db.create_pool(settings, size=2)
     try:
-        connection, publisher = await amqp.open_publisher(settings, "relay-replay")
-        try:
-            replayer = replay_mod.Replayer(
-                pool=pool, publisher=publisher, metrics=telem.metrics, operator=args.operator
-            )
-            if args.source == "queue":
-                channel = await connection.channel()
-                summary = await replayer.from_queue(
-                    amqp.Topology.from_settings(settings),
-                    channel,
-                    limit=args.limit,
-                    apply=args.apply,
-                )
-            else:
-                filters = replay_mod.LedgerFilter(
-                    states=states,
-                    since=_parse_time(args.since, "--since"),
-                    until=_parse_time(args.until, "--until"),
-                    run_id=args.run,
-                    reminder_id=args.reminder,
-                    provider=args.provider,
-                    channel=args.channel,
-                    key=args.key,
-                    last_status=args.last_status,
-                )
-                summary = await replayer.from_ledger(filters, limit=args.limit, apply=args.apply)
-        finally:
-            await connection.close()
+        summary = await replay_mod.run(
+            settings,
+            metrics=telem.metrics,
+            operator=args.operator,
+            source=args.source,
+            filters=filters,
+            limit=args.limit,
+            apply=args.apply,
+        )
     finally:
-        await pool.close()
         telem.shutdown()
     print(summary.render())
     return errors.ExitCode.OK if summary.failed == 0 else errors.ExitCode.INCOMPLETE

@@ -1,43 +1,59 @@
 """``relay replay``: move dead deliveries back into the pipeline, from the queue or the ledger.
 
-From the queue (``--from queue``): for each dead letter, reset its ledger row for another
-round of attempts (``dead`` -> ``pending``; the attempt history stays), republish the
-delivery with a confirm, mark it ``queued``, and only then ack the dead letter. A dead
-letter whose row is not ``dead`` (delivered meanwhile, or already replayed) is acked as
-stale; one that is not a delivery message at all is left in the queue and reported.
+From the queue (``--from queue``), each dead letter is judged by its row in the ledger:
+
+- row ``dead``: reset it for another round of attempts (``dead`` -> ``pending``; the
+  attempt history stays), republish the delivery with a confirm, mark it ``queued``, and
+  only then ack the dead letter (*replayed*);
+- row still owed (``pending``/``queued``/``sending``/``retrying``): the broker's poison
+  guard dead-lettered a message whose row is not dead; republish it as it is and ack the
+  dead letter (*requeued*), so the row does not wait for rescue;
+- row ``delivered``/``skipped`` or gone: the dead letter is obsolete and acked (*stale*);
+- not a delivery message at all: left in the queue and reported (*undecodable*).
+
+A queue replay takes a bound when it starts (the queue's length then) and never reads a
+dead letter published after it began, so beside running consumers it cannot chase the
+dead letters its own replays produce.
 
 From the ledger (``--from ledger``), for when the queue was purged: select rows by state
 (default ``dead``), time range, run, reminder, provider, channel, key or last status, in
 bounded pages. ``dead`` rows are reset as above; ``pending``/``queued``/``retrying`` rows
 are republished as they are (the claim makes an extra message harmless). ``delivered``
-and ``skipped`` rows are never replayed.
+and ``skipped`` rows are never replayed. Statements lock rows in id order and retry a
+lost deadlock, so a ledger replay is safe beside running consumers.
 
-Both default to a dry run that prints what would happen; ``--apply`` does it. Every
-replay is recorded in the ``replays`` table (who, when, filters, how many).
+Both default to a dry run that applies the same rules and reports the same numbers
+without changing anything; ``--apply`` does it. Every applied replay is recorded in the
+``replays`` table (who, when, filters, how many).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from service import amqp, db, ledger, logs, messages
+from service.ledger import State
+from service.settings import Settings
 from service.telemetry import Metrics
 
 log = logs.get("replay")
 
-REPLAYABLE = ("dead", "pending", "queued", "retrying")
+REPLAYABLE = (State.DEAD, State.PENDING, State.QUEUED, State.RETRYING)
 PAGE = 500
+_CLOSE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
 class LedgerFilter:
-    states: tuple[str, ...] = ("dead",)
+    states: tuple[State, ...] = (State.DEAD,)
     since: datetime | None = None
     until: datetime | None = None
     run_id: int | None = None
@@ -60,8 +76,9 @@ class ReplaySummary:
     source: str
     apply: bool
     selected: int = 0
-    replayed: int = 0  # republished and confirmed
-    stale: int = 0  # dead letters whose row was no longer dead
+    replayed: int = 0  # rows republished (confirmed); dry run: would be
+    requeued: int = 0  # of those, rows that were not dead (their message was lost)
+    stale: int = 0  # dead letters whose row was final or gone (acked)
     undecodable: int = 0  # dead letters that are not delivery messages (left in the queue)
     failed: int = 0  # not confirmed by the broker (left for the next replay)
     sample: list[int] = field(default_factory=list)
@@ -69,9 +86,9 @@ class ReplaySummary:
     def render(self) -> str:
         verb = "replayed" if self.apply else "would replay"
         text = (
-            f"replay from {self.source}: selected={self.selected} {verb}="
-            f"{self.replayed if self.apply else self.selected - self.stale - self.undecodable}"
-            f" stale={self.stale} undecodable={self.undecodable} failed={self.failed}"
+            f"replay from {self.source}: selected={self.selected} {verb}={self.replayed} "
+            f"(not dead: {self.requeued}) stale={self.stale} undecodable={self.undecodable} "
+            f"failed={self.failed}"
         )
         if self.sample:
             text += f"\n  delivery ids: {', '.join(map(str, self.sample))}"
@@ -96,24 +113,18 @@ class Replayer:
         self._metrics = metrics
         self._operator = operator
 
-    async def _republish(
-        self, rows: Sequence[tuple[int, bool]], summary: ReplaySummary
-    ) -> set[int]:
+    async def _republish(self, rows: Sequence[tuple[int, bool]]) -> tuple[list[int], list[int]]:
+        if not rows:
+            return [], []
         confirmed, failed = await self._publisher.publish_many(rows)
         # Confirmed first, then queued: a crash in between leaves rows pending for the
         # next publish run, never a row marked queued without a message.
         await ledger.mark_queued(self._pool, confirmed)
-        summary.replayed += len(confirmed)
-        summary.failed += len(failed)
         self._metrics.replays.add(len(confirmed))
-        return set(confirmed)
-
-    async def _reset(self, ids: Sequence[int]) -> list[tuple[int, bool]]:
-        rows = await self._pool.fetch(db.q("reset_for_replay"), list(ids))
-        return [(r["id"], r["urgent"]) for r in rows]
+        return confirmed, failed
 
     async def from_ledger(self, filters: LedgerFilter, *, limit: int, apply: bool) -> ReplaySummary:
-        states = [s for s in filters.states if s in REPLAYABLE]
+        states = [s.value for s in filters.states if s in REPLAYABLE]
         summary = ReplaySummary("ledger", apply)
         audit = await self._audit_start("ledger", filters.as_json()) if apply else None
         after_id = 0
@@ -137,62 +148,98 @@ class Replayer:
             after_id = page[-1]["id"]
             summary.selected += len(page)
             summary.sample.extend(r["id"] for r in page[: max(0, 20 - len(summary.sample))])
-            if apply:
-                dead = [r["id"] for r in page if r["state"] == "dead"]
-                live = [(r["id"], r["urgent"]) for r in page if r["state"] != "dead"]
-                reset = await self._reset(dead)
-                summary.stale += len(dead) - len(reset)
-                await self._republish(reset + live, summary)
-                log.info(
-                    "replay progress",
-                    extra={
-                        "event": "replay_progress",
-                        "selected": summary.selected,
-                        "replayed": summary.replayed,
-                    },
-                )
+            dead = [r["id"] for r in page if r["state"] == State.DEAD]
+            live = [(r["id"], r["urgent"]) for r in page if r["state"] != State.DEAD]
+            if not apply:
+                summary.replayed += len(page)
+                summary.requeued += len(live)
+                continue
+            reset = await ledger.reset_for_replay(self._pool, dead)
+            summary.stale += len(dead) - len(reset)
+            confirmed, failed = await self._republish(reset + live)
+            summary.replayed += len(confirmed)
+            summary.requeued += len({i for i, _ in live} & set(confirmed))
+            summary.failed += len(failed)
+            log.info(
+                "replay progress",
+                extra={
+                    "event": "replay_progress",
+                    "selected": summary.selected,
+                    "replayed": summary.replayed,
+                },
+            )
         if audit is not None:
             await self._audit_finish(audit, summary)
         return summary
 
     async def from_queue(
-        self, topology: amqp.Topology, channel: Any, *, limit: int, apply: bool
+        self, topology: amqp.Topology, channel: AbstractChannel, *, limit: int, apply: bool
     ) -> ReplaySummary:
         summary = ReplaySummary("dead-letter-queue", apply)
         queue = await channel.declare_queue(topology.dead_queue, passive=True)
+        # The bound: what the queue held when the replay began. Dead letters produced
+        # after that (by replays failing again) are never read by this replay.
+        bound = min(limit, queue.declaration_result.message_count or 0)
+        started_ms = int(time.time() * 1000)
         audit = await self._audit_start("dead-letter-queue", {"limit": limit}) if apply else None
         held: list[AbstractIncomingMessage] = []  # unacked until the end: not fetched twice
-        while summary.selected < limit:
-            message = await queue.get(no_ack=False, fail=False)
-            if message is None:
-                break
-            summary.selected += 1
-            try:
-                delivery_id = messages.decode(message.body).delivery_id
-            except messages.MessageError:
-                summary.undecodable += 1
-                held.append(message)
-                continue
-            if len(summary.sample) < 20:
-                summary.sample.append(delivery_id)
-            if not apply:
-                held.append(message)
-                continue
-            row = await self._pool.fetchrow(db.q("delivery_lane"), delivery_id)
-            if row is None or row["state"] != "dead":
-                summary.stale += 1
-                await message.ack()  # its row moved on: the dead letter is obsolete
-                continue
-            reset = await self._reset([delivery_id])
-            if reset and delivery_id in await self._republish(reset, summary):
-                await message.ack()
-            else:
-                held.append(message)
-        for message in held:
-            await message.nack(requeue=True)
+        try:
+            while summary.selected < bound:
+                message = await queue.get(no_ack=False, fail=False)
+                if message is None:
+                    break
+                dead_at = (message.headers or {}).get(amqp.DEAD_AT_HEADER)
+                if isinstance(dead_at, int) and dead_at > started_ms:
+                    held.append(message)  # newer than this replay: not ours to judge
+                    break
+                summary.selected += 1
+                if not await self._judge(message, summary, apply):
+                    held.append(message)
+        finally:
+            for message in held:
+                await message.nack(requeue=True)
         if audit is not None:
             await self._audit_finish(audit, summary)
         return summary
+
+    async def _judge(
+        self, message: AbstractIncomingMessage, summary: ReplaySummary, apply: bool
+    ) -> bool:
+        """Apply (or count) the rule for one dead letter; True if it may be acked."""
+        try:
+            delivery_id = messages.decode(message.body).delivery_id
+        except messages.MessageError:
+            summary.undecodable += 1
+            return False
+        if len(summary.sample) < 20:
+            summary.sample.append(delivery_id)
+        row = await ledger.state_of(self._pool, delivery_id)
+        if row is None or row[0] in (State.DELIVERED, State.SKIPPED):
+            summary.stale += 1
+            if not apply:
+                return False
+            await message.ack()  # its row is done: the dead letter is obsolete
+            return True
+        state, urgent = row
+        if not apply:
+            summary.replayed += 1
+            summary.requeued += state is not State.DEAD
+            return False
+        items = await ledger.reset_for_replay(self._pool, [delivery_id])
+        if state is not State.DEAD:
+            items = [(delivery_id, urgent)]
+        if not items:  # it left 'dead' between the read and the reset
+            summary.stale += 1
+            await message.ack()
+            return True
+        confirmed, failed = await self._republish(items)
+        if not confirmed:
+            summary.failed += len(failed)
+            return False
+        summary.replayed += 1
+        summary.requeued += state is not State.DEAD
+        await message.ack()
+        return True
 
     async def _audit_start(self, source: str, filters: dict[str, Any]) -> int:
         return int(
@@ -201,7 +248,10 @@ class Replayer:
 
     async def _audit_finish(self, audit_id: int, summary: ReplaySummary) -> None:
         await self._pool.execute(
-            db.q("replay_finished"), audit_id, summary.selected, summary.replayed
+            db.q("replay_finished"),
+            audit_id,
+            summary.selected,
+            summary.replayed,
         )
         log.info(
             "replay finished",
@@ -210,6 +260,33 @@ class Replayer:
                 "replay_id": audit_id,
                 "selected": summary.selected,
                 "replayed": summary.replayed,
+                "requeued": summary.requeued,
                 "operator": self._operator,
             },
         )
+
+
+async def run(
+    settings: Settings,
+    *,
+    metrics: Metrics,
+    operator: str,
+    source: str,
+    filters: LedgerFilter,
+    limit: int,
+    apply: bool,
+) -> ReplaySummary:
+    """Composition root of ``relay replay``: every exit path closes what it opened."""
+    async with contextlib.AsyncExitStack() as stack:
+        pool = await db.create_pool(settings, size=2)
+        stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
+        connection, publisher = await amqp.open_publisher(settings, "relay-replay")
+        stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
+        replayer = Replayer(pool=pool, publisher=publisher, metrics=metrics, operator=operator)
+        if source == "queue":
+            channel = await connection.channel()
+            return await replayer.from_queue(
+                amqp.Topology.from_settings(settings), channel, limit=limit, apply=apply
+            )
+        return await replayer.from_ledger(filters, limit=limit, apply=apply)
+    raise AssertionError("unreachable")  # the exit stack does not swallow exceptions

@@ -16,8 +16,10 @@ leaves rows ``pending`` (or stranded ``queued``) for the next run to publish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,6 +34,8 @@ from service.settings import Settings
 from service.telemetry import Metrics
 
 log = logs.get("publisher")
+
+_CLOSE_SECONDS = 5.0
 
 
 @dataclass
@@ -116,6 +120,7 @@ class PublishRun:
         clock: Clock,
         broker_error: str | None = None,
         tracer: trace.Tracer | None = None,
+        count_waiting: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self._tracer = tracer or telemetry.noop_tracer()
         self._headers: dict[str, Any] = {}
@@ -125,6 +130,7 @@ class PublishRun:
         self._metrics = metrics
         self._clock = clock
         self._error = broker_error
+        self._count_waiting = count_waiting
         self._broker_unreachable = broker_error is not None
         self.counts = RunCounts()
         self.run_id = 0
@@ -236,8 +242,23 @@ class PublishRun:
         )
         if not rows:
             return
+        if self._count_waiting is not None:
+            # Rescue republishes only what the queues lack: consumers that are down
+            # leave every row's message waiting, and copying them again would only
+            # pile duplicates behind them.
+            owed = await ledger.open_owed_count(self._pool)
+            waiting = await self._count_waiting()
+            room = max(0, owed - waiting)
+            if room < len(rows):
+                log.info(
+                    "rescue capped: the queues already hold most owed messages",
+                    extra={"event": "rescue_capped", "owed": owed, "waiting": waiting},
+                )
+                rows = rows[:room]
+            if not rows:
+                return
         confirmed, failed = await self._publisher.publish_many(rows, self._headers)
-        await ledger.touch_published(self._pool, confirmed)
+        await ledger.mark_rescued(self._pool, confirmed)
         self.counts.rescued += len(confirmed)
         self.counts.failed += len(failed)
         self._metrics.rescues.add(len(confirmed))
@@ -311,11 +332,12 @@ async def run(
     tracer: trace.Tracer | None = None,
 ) -> RunResult:
     """Composition root of ``relay publish`` (and ``relay rescue``)."""
-    pool = await db.create_pool(settings, size=2)
-    connection = None
-    publisher = None
-    broker_error = None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        pool = await db.create_pool(settings, size=2)
+        stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
+        publisher = None
+        broker_error = None
+        count_waiting = None
         try:
             connection, publisher = await amqp.open_publisher(settings, "relay-publish")
         except errors.UnavailableError as exc:
@@ -323,6 +345,12 @@ async def run(
             log.error(
                 "broker unreachable; admitting without publishing",
                 extra={"event": "broker_unreachable"},
+            )
+        else:
+            stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
+            topology = amqp.Topology.from_settings(settings)
+            count_waiting = functools.partial(
+                amqp.waiting_messages, connection, topology, settings.amqp_timeout_seconds
             )
         return await PublishRun(
             settings=settings,
@@ -332,8 +360,6 @@ async def run(
             clock=clock,
             broker_error=broker_error,
             tracer=tracer,
+            count_waiting=count_waiting,
         ).execute(intended_fire_at, rescue_only=rescue_only)
-    finally:
-        if connection is not None:
-            await connection.close()
-        await pool.close()
+    raise AssertionError("unreachable")  # the exit stack does not swallow exceptions

@@ -34,6 +34,8 @@ URGENT = "urgent"
 # Not "x-" prefixed: a headers exchange ignores x- headers when matching.
 TIER_HEADER = "relay-delay-tier"
 REASON_HEADER = "x-relay-reason"
+# When a dead letter was published (Unix ms): a queue replay leaves newer ones alone.
+DEAD_AT_HEADER = "x-relay-dead-at"
 
 
 @dataclass(frozen=True)
@@ -96,13 +98,20 @@ def lane_of(urgent: bool) -> str:
     return URGENT if urgent else BULK
 
 
-async def connect(settings: Settings, *, name: str, robust: bool = False) -> AbstractConnection:
-    """Open a connection named after its process; raise UnavailableError if unreachable."""
+async def connect(settings: Settings, *, name: str) -> AbstractConnection:
+    """Open a connection named after its process; raise UnavailableError if unreachable.
+
+    The heartbeat makes a broker that stops answering (hung, or cut off without a reset)
+    a closed connection within about twice ``amqp_heartbeat_seconds``.
+    """
     url = settings.amqp_url.get_secret_value()
     try:
-        if robust:
-            return await aio_pika.connect_robust(url, client_properties={"connection_name": name})
-        return await aio_pika.connect(url, client_properties={"connection_name": name})
+        return await aio_pika.connect(
+            url,
+            client_properties={"connection_name": name},
+            timeout=settings.amqp_timeout_seconds,
+            heartbeat=settings.amqp_heartbeat_seconds,
+        )
     except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
         raise errors.UnavailableError(f"broker unreachable: {type(exc).__name__}") from exc
 
@@ -255,6 +264,13 @@ class ConfirmedPublisher:
         )
         return tier
 
+    async def publish_copy(
+        self, body: bytes, *, lane: str, headers: Mapping[str, Any] | None = None
+    ) -> None:
+        """Publish a fresh copy of a delivery message to its lane (a hand-back: the copy
+        starts with a delivery count of zero, unlike a nacked original)."""
+        await self._publish(self._topology.work_exchange, lane, body, headers or {})
+
     async def publish_dead(self, body: bytes, headers: Mapping[str, Any]) -> None:
         """Send a message to the dead-letter exchange, with headers saying why."""
         await self._publish(self._topology.dead_exchange, "", body, headers)
@@ -262,6 +278,10 @@ class ConfirmedPublisher:
     @property
     def closed(self) -> bool:
         return self._channel.is_closed
+
+    @property
+    def channel(self) -> AbstractChannel:
+        return self._channel
 
     async def close(self) -> None:
         if not self._channel.is_closed:
@@ -275,13 +295,42 @@ async def open_publisher(
     topology = Topology.from_settings(settings)
     connection = await connect(settings, name=f"{role}@{socket.gethostname()}")
     try:
-        channel = await connection.channel()
-        await declare(channel, topology)
-        await channel.close()
-        return connection, await ConfirmedPublisher.open(connection, topology, settings)
-    except (aiormq.exceptions.AMQPError, OSError) as exc:
-        await connection.close()
+        async with asyncio.timeout(settings.amqp_timeout_seconds):
+            channel = await connection.channel()
+            await declare(channel, topology)
+            await channel.close()
+            return connection, await ConfirmedPublisher.open(connection, topology, settings)
+    except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
+        await close_connection(connection, settings.amqp_timeout_seconds)
         raise errors.UnavailableError(f"broker unusable: {type(exc).__name__}") from exc
+
+
+async def close_connection(connection: AbstractConnection, timeout_seconds: float) -> None:
+    """Close within the deadline; a broker that does not answer the close is left to the
+    OS (the socket goes when the process does)."""
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            await connection.close()
+    except (TimeoutError, aiormq.exceptions.AMQPError, OSError):
+        pass
+
+
+async def waiting_messages(
+    connection: AbstractConnection, topology: Topology, timeout_seconds: float
+) -> int:
+    """Messages ready in the lanes and delay tiers now (not those held by consumers)."""
+    async with asyncio.timeout(timeout_seconds):
+        channel = await connection.channel()
+        try:
+            total = 0
+            names = [topology.lane_queue(lane) for lane in (BULK, URGENT)]
+            names += [topology.delay_queue(t) for t in topology.delay_tiers_seconds]
+            for name in names:
+                queue = await channel.declare_queue(name, passive=True)
+                total += queue.declaration_result.message_count or 0
+            return total
+        finally:
+            await channel.close()
 
 
 async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:

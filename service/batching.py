@@ -4,13 +4,21 @@ A consumer finishes hundreds of deliveries a second; one transaction per claim o
 outcome caps it near the single-connection commit rate. ``Batcher`` collects what
 concurrent tasks submit while earlier batches are in flight, and runs each group as one
 call (one statement over arrays), up to ``max_concurrent`` groups at once.
+
+One bad item must not fail its neighbours: when a group fails, each of its items is run
+again on its own, so only the item that really fails sees the error. An ``Abandoned``
+error (the process is stopping, a server stays unreachable) is not the items' fault and
+fails the whole group at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
+
+from service.errors import Abandoned
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -33,15 +41,26 @@ class Batcher(Generic[T, R]):
         self._wakeup = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._refusal: Abandoned | None = None
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._loop())
 
     async def submit(self, item: T) -> R:
+        if self._refusal is not None:
+            raise self._refusal
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         self._wakeup.set()
         return await future
+
+    def stop_intake(self, reason: str) -> None:
+        """Refuse new items and fail those not yet flushed; groups in flight finish."""
+        self._refusal = Abandoned(reason)
+        pending, self._pending = self._pending, []
+        for _, future in pending:
+            if not future.done():
+                future.set_exception(self._refusal)
 
     async def _loop(self) -> None:
         while True:
@@ -63,10 +82,16 @@ class Batcher(Generic[T, R]):
     async def _run(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
             results = await self._flush([item for item, _ in batch])
-        except Exception as exc:  # every waiter learns of the failure
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+        except Abandoned as exc:
+            _fail(batch, exc)
+        except Exception as exc:
+            if len(batch) == 1:
+                _fail(batch, exc)
+            else:
+                await self._one_by_one(batch)
+        except asyncio.CancelledError:
+            _fail(batch, Abandoned("batch cancelled at shutdown"))
+            raise
         else:
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
@@ -74,13 +99,30 @@ class Batcher(Generic[T, R]):
         finally:
             self._slots.release()
 
-    async def close(self) -> None:
-        """Stop taking batches once what was submitted has been flushed."""
-        while self._pending or self._running:
-            await asyncio.sleep(0.01)
-        if self._loop_task is not None:
-            self._loop_task.cancel()
+    async def _one_by_one(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        for item, future in batch:
             try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
+                (result,) = await self._flush([item])
+            except Exception as exc:
+                _fail([(item, future)], exc)
+            else:
+                if not future.done():
+                    future.set_result(result)
+
+    async def close(self, timeout_seconds: float) -> None:
+        """Flush what was submitted, within the deadline; then cancel what is left."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_seconds):
+                while self._pending or self._running:
+                    await asyncio.sleep(0.01)
+        self.stop_intake("closed")
+        tasks = [t for t in (self._loop_task, *self._running) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _fail(batch: Sequence[tuple[object, asyncio.Future[R]]], exc: BaseException) -> None:
+    for _, future in batch:
+        if not future.done():
+            future.set_exception(exc)

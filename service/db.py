@@ -6,6 +6,7 @@ module loads them once and hands out a pool whose connections decode jsonb to Py
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import re
@@ -19,6 +20,7 @@ import asyncpg
 from service import errors
 from service.settings import Settings
 
+_MIGRATION_TIMEOUT_SECONDS = 24 * 3600.0
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -64,9 +66,38 @@ def _ssl_arg(mode: str, root_cert: Path | None) -> Any:
     return mode
 
 
+# Errors that say the database cannot answer now (down, restarting, hung past the
+# statement deadline, out of connections, a standby after a failover), as opposed to an
+# error in what was asked. The consumer waits these out instead of failing deliveries.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,  # shutdown, cannot connect now, timeout
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # connected to a standby
+)
+# Two transactions that locked the same rows in another order: run it again.
+CONFLICT: tuple[type[BaseException], ...] = (asyncpg.exceptions.TransactionRollbackError,)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True if ``exc`` means the database cannot answer now (rather than a bad request)."""
+    if isinstance(exc, asyncpg.InterfaceError):
+        # The connection went away under the call; other interface errors are bugs.
+        return "closed" in str(exc) or "lost" in str(exc)
+    return isinstance(exc, _UNAVAILABLE)
+
+
 async def create_pool(settings: Settings, *, size: int | None = None) -> asyncpg.Pool:
-    """Open the pool; raise UnavailableError if the database cannot be reached."""
+    """Open the pool; raise UnavailableError if the database cannot be reached.
+
+    Every statement has a deadline (``database_command_timeout_seconds``), enforced by the
+    client and, as ``statement_timeout``, by the server, so a database that stops
+    answering surfaces as an error within seconds instead of a silent hang.
+    """
     pool_size = size or settings.database_pool_size
+    deadline = settings.database_command_timeout_seconds
     try:
         pool = await asyncpg.create_pool(
             settings.database_url.get_secret_value(),
@@ -75,12 +106,23 @@ async def create_pool(settings: Settings, *, size: int | None = None) -> asyncpg
             init=_init_connection,
             reset=_no_session_state,
             ssl=_ssl_arg(settings.database_ssl, settings.database_ssl_root_cert),
-            timeout=10,
+            timeout=deadline,
+            command_timeout=deadline,
+            server_settings={"statement_timeout": str(round(deadline * 1000))},
         )
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
         raise errors.UnavailableError(f"database unreachable: {type(exc).__name__}") from exc
     assert pool is not None
     return pool
+
+
+async def close_pool(pool: asyncpg.Pool, timeout_seconds: float) -> None:
+    """Close gracefully within the deadline, else drop every connection."""
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            await pool.close()
+    except TimeoutError:
+        pool.terminate()
 
 
 async def migrate(pool: asyncpg.Pool) -> list[str]:
@@ -97,7 +139,9 @@ async def migrate(pool: asyncpg.Pool) -> list[str]:
                 done = {r["version"] for r in await conn.fetch(q("migrations_applied"))}
                 if version in done:
                     continue
-                await conn.execute(sql)
+                # A migration may take long on a big table: no statement deadline here.
+                await conn.execute(q("migrations_no_deadline"))
+                await conn.execute(sql, timeout=_MIGRATION_TIMEOUT_SECONDS)
                 await conn.execute(q("migrations_record"), version)
                 applied_now.append(version)
     return applied_now

@@ -32,3 +32,10 @@ class UnavailableError(RelayError):
 
 class PublishError(RelayError):
     """A publish was not confirmed (nacked, returned as unroutable, or timed out)."""
+
+
+class Abandoned(RelayError):
+    """Work given up, not failed: the process is stopping or a server stays unreachable.
+
+    The message that carried it is handed back for redelivery; no attempt is counted.
+    """

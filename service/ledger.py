@@ -7,14 +7,17 @@ finds its row in another state does nothing and says so (an empty result), becau
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import Sequence
+import random
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
+from service import db
 from service.db import q
 
 # A connection (or pool proxy) to run one statement on; transactions need a connection.
@@ -35,6 +38,8 @@ class State(enum.StrEnum):
 
 
 FINAL_STATES = frozenset({State.DELIVERED, State.DEAD, State.SKIPPED})
+# States whose row still owes a send (a message for it should exist or be published).
+OPEN_STATES = frozenset({State.PENDING, State.QUEUED, State.SENDING, State.RETRYING})
 
 
 def schedule_key(reminder_id: str, occurrence_at: datetime, channel: str) -> str:
@@ -46,6 +51,18 @@ def schedule_key(reminder_id: str, occurrence_at: datetime, channel: str) -> str
 def outbox_key(key: str) -> str:
     """The idempotency key of an outbox intent, namespaced apart from schedule keys."""
     return f"outbox:{key}"
+
+
+@dataclass(frozen=True)
+class SendFacts:
+    """What decides whether a claimed row may be sent now, as the ledger says."""
+
+    active: bool  # the reminder is not cancelled (outbox intents always are)
+    age_seconds: float  # since the occurrence, on the database's clock
+    stale_after_seconds: float | None
+    send_stale: bool
+    destination_disabled: bool
+    provider_paused_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,14 +83,19 @@ class Claimed:
     destination: str | None
     payload: dict[str, Any] | None
     payload_version: int | None
-    active: bool
-    stale_after_seconds: float | None
-    send_stale: bool
-    destination_disabled: bool
+    facts: SendFacts
 
     @property
     def attempt_in_round(self) -> int:
         return self.attempts - self.round_start
+
+
+@dataclass(frozen=True)
+class SendCheck:
+    """A claimed row read again right before its request."""
+
+    claim_held: bool  # still 'sending' under this very claim, lease not expired
+    facts: SendFacts
 
 
 @dataclass(frozen=True)
@@ -102,7 +124,7 @@ class Attempt:
     error: str | None = None
     response_excerpt: str | None = None
     payload_version: int | None = None
-    started_at: datetime | None = None
+    started_at: datetime | None = None  # taken right before the request went out
     stale: bool = False  # sent although older than the reminder's stale_after
 
 
@@ -122,10 +144,40 @@ class Completion:
 
 
 _NO_RECORD = Attempt(outcome="")  # a completion without an attempt row
+_CONFLICT_RETRIES = 3
+
+T = TypeVar("T")
+
+
+async def _retry_on_conflict(statement: Callable[[], Awaitable[T]]) -> T:
+    """Run a statement that locks several rows; again if it lost a deadlock.
+
+    Every such statement locks in id order, so a deadlock needs an outside party (an
+    operator's ad-hoc SQL); a few quick retries resolve it instead of failing the caller.
+    """
+    for attempt in range(_CONFLICT_RETRIES):
+        try:
+            return await statement()
+        except db.CONFLICT:
+            if attempt == _CONFLICT_RETRIES - 1:
+                raise
+            await asyncio.sleep(0.01 * (attempt + 1) * (1 + random.random()))
+    raise AssertionError("unreachable")
 
 
 def _clip(text: str | None, limit: int) -> str | None:
     return None if text is None else text[:limit]
+
+
+def _facts(r: asyncpg.Record) -> SendFacts:
+    return SendFacts(
+        active=r["active"],
+        age_seconds=r["age_seconds"],
+        stale_after_seconds=r["stale_after_seconds"],
+        send_stale=r["send_stale"],
+        destination_disabled=r["destination_disabled"],
+        provider_paused_seconds=r.get("provider_paused_seconds") or 0.0,
+    )
 
 
 async def claim(
@@ -136,8 +188,27 @@ async def claim(
     The claim is one statement (atomic on its own); the look-up of the rest runs after it,
     so it sees the claim's result.
     """
-    rows = await conn.fetch(q("claim"), list(ids), lease_seconds)
-    claimed = {r["id"]: Claimed(**dict(r)) for r in rows}
+    rows = await _retry_on_conflict(lambda: conn.fetch(q("claim"), list(ids), lease_seconds))
+    claimed = {
+        r["id"]: Claimed(
+            id=r["id"],
+            idempotency_key=r["idempotency_key"],
+            reminder_id=r["reminder_id"],
+            channel=r["channel"],
+            provider=r["provider"],
+            occurrence_at=r["occurrence_at"],
+            urgent=r["urgent"],
+            attempts=r["attempts"],
+            round_start=r["round_start"],
+            run_id=r["run_id"],
+            prior_state=r["prior_state"],
+            destination=r["destination"],
+            payload=r["payload"],
+            payload_version=r["payload_version"],
+            facts=_facts(r),
+        )
+        for r in rows
+    }
     rest = [i for i in ids if i not in claimed]
     others: dict[int, Unclaimable] = {}
     if rest:
@@ -156,22 +227,42 @@ async def claim(
     return claimed, others
 
 
+async def send_checks(
+    executor: Executor, claims: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], SendCheck]:
+    """Read claimed rows again right before their requests: (id, attempt) -> check.
+
+    A row missing from the answer no longer exists; a claim that is not this attempt's any
+    more reads ``claim_held=False``.
+    """
+    rows = await executor.fetch(q("send_check"), [i for i, _ in claims])
+    by_id = {r["id"]: r for r in rows}
+    checks: dict[tuple[int, int], SendCheck] = {}
+    for delivery_id, attempt in claims:
+        r = by_id.get(delivery_id)
+        if r is not None:
+            held = r["claim_held"] and r["attempts"] == attempt
+            checks[(delivery_id, attempt)] = SendCheck(held, _facts(r))
+    return checks
+
+
 async def mark_dead_lettered(executor: Executor, delivery_id: int, attempt: int) -> None:
     """Record that the dead letter of this row's death was confirmed by the broker."""
     await executor.execute(q("mark_dead_lettered"), delivery_id, attempt)
 
 
-async def complete(conn: Connection, completions: Sequence[Completion]) -> set[int]:
-    """Write outcomes and their attempt rows in one statement; return the ids written.
+async def complete(conn: Connection, completions: Sequence[Completion]) -> set[tuple[int, int]]:
+    """Write outcomes and their attempt rows in one statement; return the (id, attempt)
+    pairs whose outcome stands.
 
-    An id missing from the result lost its lease to another claim: its attempt row is
-    still recorded (the send happened), its state is the other claimant's to write.
+    A pair missing from the result lost its lease to another claim: its attempt row is
+    still recorded (the send happened), its state is the other claimant's to write. Running
+    the same completions twice reports the same pairs (safe to retry after a lost answer).
     """
     if not completions:
         return set()
     records = [c.record or _NO_RECORD for c in completions]
-    rows = await conn.fetch(
-        q("complete"),
+    args = (
         [c.id for c in completions],
         [c.attempt for c in completions],
         [c.state.value for c in completions],
@@ -188,7 +279,21 @@ async def complete(conn: Connection, completions: Sequence[Completion]) -> set[i
         [r.started_at for r in records],
         [r.stale for r in records],
     )
-    return {r["id"] for r in rows}
+    rows = await _retry_on_conflict(lambda: conn.fetch(q("complete"), *args))
+    return {(r["id"], r["attempt"]) for r in rows}
+
+
+async def release(
+    executor: Executor, delivery_id: int, attempt: int, retry_at: datetime | None
+) -> bool:
+    """sending -> retrying at ``retry_at`` (or queued, due now, without one), without
+    counting the attempt: the request was never made."""
+    return await executor.fetchval(q("release"), delivery_id, attempt, retry_at) is not None
+
+
+async def disable_destination(executor: Executor, destination: str, reason: str) -> None:
+    """A receiver said 410 Gone: refuse sends to it and stop its reminders."""
+    await executor.execute(q("disable_destination"), destination, reason)
 
 
 @dataclass(frozen=True)
@@ -227,7 +332,7 @@ async def insert_deliveries(
 async def mark_queued(executor: Executor, ids: Sequence[int]) -> None:
     """pending -> queued, for ids whose publish the broker confirmed."""
     if ids:
-        await executor.execute(q("mark_queued"), list(ids))
+        await _retry_on_conflict(lambda: executor.execute(q("mark_queued"), list(ids)))
 
 
 async def select_pending(executor: Executor, after_id: int, limit: int) -> list[tuple[int, bool]]:
@@ -239,16 +344,31 @@ async def select_pending(executor: Executor, after_id: int, limit: int) -> list[
 async def select_rescue(
     executor: Executor, overdue_seconds: float, limit: int
 ) -> list[tuple[int, bool]]:
-    """Rows whose message is presumed lost (see the query), oldest first."""
+    """Rows whose message is presumed lost (see the query), oldest overdue first."""
     rows = await executor.fetch(q("select_rescue"), overdue_seconds, limit)
     return [(r["id"], r["urgent"]) for r in rows]
 
 
-async def release(executor: Executor, delivery_id: int, attempt: int, retry_at: datetime) -> bool:
-    """sending -> retrying without counting the attempt (the send was deferred)."""
-    return await executor.fetchval(q("release"), delivery_id, attempt, retry_at) is not None
-
-
-async def touch_published(executor: Executor, ids: Sequence[int]) -> None:
+async def mark_rescued(executor: Executor, ids: Sequence[int]) -> None:
+    """Stamp rows whose rescue publish was confirmed; rescue skips them for an interval."""
     if ids:
-        await executor.execute(q("touch_published"), list(ids))
+        await executor.execute(q("mark_rescued"), list(ids))
+
+
+async def open_owed_count(executor: Executor) -> int:
+    """Rows whose message should be in a queue now (queued, sending, retrying)."""
+    return int(await executor.fetchval(q("open_owed_count")))
+
+
+async def reset_for_replay(executor: Executor, ids: Sequence[int]) -> list[tuple[int, bool]]:
+    """dead -> pending for another round of attempts; (id, urgent) of the rows reset."""
+    if not ids:
+        return []
+    rows = await _retry_on_conflict(lambda: executor.fetch(q("reset_for_replay"), list(ids)))
+    return [(r["id"], r["urgent"]) for r in rows]
+
+
+async def state_of(executor: Executor, delivery_id: int) -> tuple[State, bool] | None:
+    """(state, urgent) of one row, or None if there is no such row."""
+    row = await executor.fetchrow(q("delivery_lane"), delivery_id)
+    return None if row is None else (State(row["state"]), row["urgent"])

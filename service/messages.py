@@ -12,6 +12,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION = 1
+# Bounds checked before parsing: a real body is ~35 bytes. The size bound also bounds
+# nesting depth far below the parser's recursion limit.
+MAX_BODY_BYTES = 1024
+MAX_DELIVERY_ID = 2**63 - 1  # bigint
 
 
 class MessageError(ValueError):
@@ -24,7 +28,7 @@ class DeliveryMessage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     v: Literal[1]
-    delivery_id: int = Field(gt=0)
+    delivery_id: int = Field(gt=0, le=MAX_DELIVERY_ID)
 
 
 def encode(delivery_id: int) -> bytes:
@@ -34,9 +38,11 @@ def encode(delivery_id: int) -> bytes:
 
 def decode(body: bytes) -> DeliveryMessage:
     """Parse a body; raise MessageError with a short reason fit for a dead-letter header."""
+    if len(body) > MAX_BODY_BYTES:
+        raise MessageError(f"oversized body: more than {MAX_BODY_BYTES} bytes")
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise MessageError("undecodable body: not JSON") from None
     if not isinstance(data, dict):
         raise MessageError("invalid message: not a JSON object")

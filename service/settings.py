@@ -49,6 +49,18 @@ class Settings(BaseSettings):
     database_pool_size: int = Field(
         default=10, ge=1, le=200, description="Connections in each process's pool."
     )
+    database_command_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Deadline of every database statement and of taking a pooled "
+        "connection (s); a database that stops answering is noticed within it.",
+    )
+    database_outage_max_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a consumer waits out an unreachable database, holding its "
+        "messages without counting attempts, before it exits with code 3 (s).",
+    )
     amqp_url: SecretStr = Field(
         default=SecretStr("amqp://guest:guest@127.0.0.1:5672/"),
         description="RabbitMQ URL (use amqps:// for TLS). Never logged.",
@@ -57,6 +69,19 @@ class Settings(BaseSettings):
         default="relay",
         pattern=r"^[a-z][a-z0-9_-]{0,40}$",
         description="Prefix of every exchange and queue name (relay.work, relay.deliveries, ...).",
+    )
+    amqp_heartbeat_seconds: int = Field(
+        default=15,
+        ge=1,
+        le=600,
+        description="AMQP heartbeat (s): a broker that stops answering is noticed within "
+        "about twice this.",
+    )
+    amqp_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Deadline of one broker operation: connect, open a channel, declare, "
+        "consume, cancel, close (s).",
     )
     amqp_delivery_limit: int = Field(
         default=20,
@@ -73,7 +98,7 @@ class Settings(BaseSettings):
         default=1000, ge=1, le=20_000, description="Unconfirmed publishes allowed at once."
     )
     publish_confirm_timeout_seconds: float = Field(
-        default=30.0, gt=0, description="How long to wait for one publisher confirm (s)."
+        default=15.0, gt=0, description="How long to wait for one publisher confirm (s)."
     )
     misfire_grace_seconds: float = Field(
         default=300.0,
@@ -112,6 +137,12 @@ class Settings(BaseSettings):
     )
     write_batch_max: int = Field(
         default=200, ge=1, le=5000, description="Most claims/outcomes grouped in one transaction."
+    )
+    liveness_stall_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="/livez fails when the consumer holds messages and has finished none "
+        "for this long (s), so a hang gets the pod restarted.",
     )
     metrics_sample_seconds: float = Field(
         default=15.0, gt=0, description="How often the consumer refreshes its gauges (s)."

@@ -14,6 +14,9 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: migrations_applied
 SELECT version FROM schema_migrations ORDER BY version;
 
+-- name: migrations_no_deadline
+SET LOCAL statement_timeout = 0;
+
 -- name: migrations_record
 INSERT INTO schema_migrations (version) VALUES ($1);
 
@@ -156,14 +159,22 @@ LIMIT $2;
 
 -- name: mark_queued
 -- Only after the broker confirmed: pending -> queued. A row a consumer already claimed
--- (its message overtook this update) is left alone.
-UPDATE deliveries SET state = 'queued', published_at = now()
-WHERE id = ANY($1::bigint[]) AND state = 'pending';
+-- (its message overtook this update) is left alone. Rows are locked in id order, as every
+-- statement that locks several deliveries does, so two such statements cannot deadlock.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE id = ANY($1::bigint[]) AND state = 'pending'
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE deliveries AS d SET state = 'queued', published_at = now()
+FROM locked
+WHERE d.id = locked.id AND d.state = 'pending';
 
 -- name: claim
 -- Claim rows for sending: attempts + 1 and a lease. A 'sending' row whose lease expired
--- was held by a consumer that died; its unknown attempt is recorded as 'lost'. Rows are
--- locked in id order so concurrent batch claims cannot deadlock.
+-- was held by a consumer that died; its unknown attempt is recorded as 'lost'. Returns
+-- what the send needs and the facts the pre-send checks read (with the database's clock).
 WITH target AS (
     SELECT id, state AS prior_state
     FROM deliveries
@@ -198,6 +209,7 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
        coalesce(c.payload, r.payload) AS payload,
        r.payload_version,
        (c.source = 'outbox' OR coalesce(r.active, false)) AS active,
+       extract(epoch FROM now() - c.occurrence_at)::float8 AS age_seconds,
        extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
        coalesce(r.send_stale, false) AS send_stale,
        EXISTS (SELECT 1 FROM disabled_destinations AS dd
@@ -213,6 +225,25 @@ SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now
 FROM deliveries
 WHERE id = ANY($1::bigint[]);
 
+-- name: send_check
+-- The send decision, read again right before the request (after every wait): is the
+-- claim still held, and what do the reminder, the destination and the provider say now.
+SELECT d.id, d.attempts,
+       (d.state = 'sending' AND d.lease_expires_at > now()) AS claim_held,
+       (d.source = 'outbox' OR coalesce(r.active, false)) AS active,
+       extract(epoch FROM now() - d.occurrence_at)::float8 AS age_seconds,
+       extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
+       coalesce(r.send_stale, false) AS send_stale,
+       EXISTS (SELECT 1 FROM disabled_destinations AS dd
+               WHERE dd.destination = coalesce(d.destination, r.destination))
+           AS destination_disabled,
+       greatest(0, extract(epoch FROM b.paused_until - clock_timestamp()))::float8
+           AS provider_paused_seconds
+FROM deliveries AS d
+LEFT JOIN reminders AS r ON r.id = d.reminder_id
+LEFT JOIN rate_budgets AS b ON b.provider = d.provider
+WHERE d.id = ANY($1::bigint[]);
+
 -- name: mark_dead_lettered
 -- The dead letter of this death (the attempt that ended it) is confirmed by the broker.
 UPDATE deliveries SET dead_lettered_at = now()
@@ -223,6 +254,8 @@ WHERE id = $1 AND state = 'dead' AND attempts = $2 AND dead_lettered_at IS NULL;
 -- round trip, atomic). The fence (state 'sending' and the attempt number this consumer
 -- claimed) makes a late writer whose lease was taken over a no-op for the row; its
 -- attempt row is still recorded (the send happened), replacing a 'lost' placeholder.
+-- Returns (id, attempt) of every outcome that now stands: written by this statement, or
+-- already written by this very attempt (a retry after a commit whose answer was lost).
 WITH o AS (
     SELECT *
     FROM unnest($1::bigint[], $2::int[], $3::delivery_state[], $4::timestamptz[], $5::int[],
@@ -230,6 +263,11 @@ WITH o AS (
                 $12::text[], $13::int[], $14::timestamptz[], $15::bool[])
          AS o(id, attempt, state, next_attempt_at, status, error, receipt, skip_reason,
               outcome, latency_ms, attempt_error, excerpt, payload_version, started_at, stale)
+), locked AS (
+    SELECT id, state, attempts FROM deliveries
+    WHERE id = ANY($1::bigint[])
+    ORDER BY id
+    FOR UPDATE
 ), updated AS (
     UPDATE deliveries AS d SET
         state = o.state,
@@ -240,9 +278,12 @@ WITH o AS (
         receipt = coalesce(o.receipt, d.receipt),
         skip_reason = o.skip_reason,
         finished_at = CASE WHEN o.state IN ('delivered', 'dead', 'skipped') THEN now() END
-    FROM o
-    WHERE d.id = o.id AND d.state = 'sending' AND d.attempts = o.attempt
-    RETURNING d.id
+    FROM o JOIN locked AS l ON l.id = o.id
+    WHERE d.id = o.id AND l.state = 'sending' AND l.attempts = o.attempt
+    RETURNING d.id, o.attempt
+), already AS (
+    SELECT o.id, o.attempt FROM o JOIN locked AS l ON l.id = o.id
+    WHERE l.state = o.state AND l.attempts = o.attempt AND l.state <> 'sending'
 ), recorded AS (
     INSERT INTO delivery_attempts (delivery_id, attempt, outcome, http_status, latency_ms,
                                    error, response_excerpt, payload_version, started_at, stale)
@@ -256,22 +297,46 @@ WITH o AS (
         payload_version = excluded.payload_version, started_at = excluded.started_at,
         stale = excluded.stale, finished_at = now()
 )
-SELECT id FROM updated;
+SELECT id, attempt FROM updated
+UNION
+SELECT id, attempt FROM already;
+
+-- name: release
+-- Give a claim back without counting an attempt: the request was never made (budget
+-- paused for long, circuit open, destination share full, shutdown). With a time, the row
+-- waits for it as 'retrying'; without one it is 'queued' again, due now.
+UPDATE deliveries SET
+    state = (CASE WHEN $3::timestamptz IS NULL THEN 'queued' ELSE 'retrying' END)::delivery_state,
+    attempts = attempts - 1, lease_expires_at = NULL, next_attempt_at = $3,
+    published_at = CASE WHEN $3::timestamptz IS NULL THEN now() ELSE published_at END
+WHERE id = $1 AND state = 'sending' AND attempts = $2
+RETURNING id;
 
 -- name: select_rescue
 -- Rows whose message should have arrived long ago: lost by the broker, purged, or held by
--- a consumer that died. Oldest first, bounded.
-SELECT id, urgent FROM deliveries
-WHERE (state = 'queued' AND published_at < now() - make_interval(secs => $1))
-   OR (state = 'retrying' AND next_attempt_at < now() - make_interval(secs => $1))
-   OR (state = 'sending' AND lease_expires_at < now())
-ORDER BY id
+-- a consumer that died. Oldest overdue first across every state; a row rescued within
+-- the interval is left alone, so one run's republish is not repeated by the next.
+SELECT id, urgent FROM (
+    SELECT id, urgent,
+           CASE state WHEN 'queued' THEN published_at + make_interval(secs => $1)
+                      WHEN 'retrying' THEN next_attempt_at + make_interval(secs => $1)
+                      ELSE lease_expires_at END AS rescue_due_at
+    FROM deliveries
+    WHERE state IN ('queued', 'retrying', 'sending')
+      AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+) AS open
+WHERE rescue_due_at < now()
+ORDER BY rescue_due_at, id
 LIMIT $2;
 
--- name: touch_published
--- After a rescue publish was confirmed: restart the rescue clock of still-queued rows.
-UPDATE deliveries SET published_at = now()
-WHERE id = ANY($1::bigint[]) AND state = 'queued';
+-- name: mark_rescued
+-- After a rescue publish was confirmed: stamp the rows, so the next rescue moves on.
+UPDATE deliveries SET rescued_at = now()
+WHERE id = ANY($1::bigint[]) AND state IN ('queued', 'retrying', 'sending');
+
+-- name: open_owed_count
+-- Rows whose message should be in a queue now (what rescue compares the queues against).
+SELECT count(*) FROM deliveries WHERE state IN ('queued', 'retrying', 'sending');
 
 ---------------------------------------------------------------------------- status
 
@@ -354,11 +419,19 @@ LIMIT $11;
 
 -- name: reset_for_replay
 -- dead -> pending for another round of attempts; the attempt history stays, and the new
--- round's budget counts from here (round_start). Any other state is left alone.
-UPDATE deliveries SET state = 'pending', round_start = attempts, replays = replays + 1,
-                      finished_at = NULL, dead_lettered_at = NULL
-WHERE id = ANY($1::bigint[]) AND state = 'dead'
-RETURNING id, urgent;
+-- round's budget counts from here (round_start). Any other state is left alone. Locked in
+-- id order, like every statement that locks several deliveries.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE id = ANY($1::bigint[]) AND state = 'dead'
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE deliveries AS d SET state = 'pending', round_start = d.attempts, replays = d.replays + 1,
+                           finished_at = NULL, dead_lettered_at = NULL
+FROM locked
+WHERE d.id = locked.id AND d.state = 'dead'
+RETURNING d.id, d.urgent;
 
 -- name: replay_started
 INSERT INTO replays (source, operator, filters) VALUES ($1, $2, $3) RETURNING id;
@@ -441,11 +514,3 @@ SELECT count(*) FROM r;
 
 -- name: list_disabled_destinations
 SELECT destination, reason, disabled_at FROM disabled_destinations ORDER BY disabled_at;
-
--- name: release
--- Give a claim back without counting an attempt: the send was deferred (budget paused
--- for long, destination's circuit open, its concurrency share full).
-UPDATE deliveries SET state = 'retrying', attempts = attempts - 1, lease_expires_at = NULL,
-                      next_attempt_at = $3
-WHERE id = $1 AND state = 'sending' AND attempts = $2
-RETURNING id;

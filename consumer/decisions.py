@@ -1,0 +1,141 @@
+"""Pure decisions about one claimed delivery: may it be sent now, and what to write after.
+
+No I/O and no clock: the worker reads the facts (from the claim, and again right before
+the request) and the time, and these functions say what follows. Every branch is
+unit-tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from consumer.channels.base import Outcome, OutcomeKind
+from consumer.retry import Action, Decision
+from service import ledger
+from service.ledger import Claimed, Completion, SendFacts, State
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send it; ``stale`` when older than its ``stale_after`` but ``send_stale`` is set."""
+
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Do not send, on purpose: the row ends 'skipped' with this reason."""
+
+    reason: str  # cancelled | stale
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The destination is refused: the attempt ends as rejected, the row 'dead'."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Not now: give the claim back and try again after ``seconds``."""
+
+    reason: str
+    seconds: float
+
+
+Verdict = Send | Skip | Refuse | Hold
+
+DISABLED_DESTINATION = "destination disabled (410 gone)"
+
+
+def verdict(facts: SendFacts, *, has_destination: bool) -> Verdict:
+    """Whether a claimed row may be sent, given what the ledger says about it now."""
+    if not facts.active or not has_destination:
+        return Skip("cancelled")
+    stale = facts.stale_after_seconds is not None and facts.age_seconds > facts.stale_after_seconds
+    if stale and not facts.send_stale:
+        return Skip("stale")
+    if facts.destination_disabled:
+        return Refuse(DISABLED_DESTINATION)
+    if facts.provider_paused_seconds > 0:
+        return Hold("provider paused", facts.provider_paused_seconds)
+    return Send(stale=stale)
+
+
+def skipped(row: Claimed, reason: str) -> Completion:
+    """The completion of a row not sent on purpose (cancelled, stale)."""
+    return Completion(
+        id=row.id,
+        attempt=row.attempts,
+        state=State.SKIPPED,
+        skip_reason=reason,
+        record=ledger.Attempt(outcome="skipped", error=reason),
+    )
+
+
+def refused(error: str) -> Outcome:
+    """The outcome of an attempt refused before any request was made."""
+    return Outcome(OutcomeKind.REJECTED, error=error)
+
+
+def attempt_record(
+    row: Claimed,
+    outcome: Outcome,
+    *,
+    started_at: datetime | None,
+    latency_seconds: float,
+    stale: bool,
+) -> ledger.Attempt:
+    """The ``delivery_attempts`` row of one attempt."""
+    return ledger.Attempt(
+        outcome=outcome.kind.value,
+        http_status=outcome.http_status,
+        latency_ms=latency_seconds * 1000,
+        error=outcome.error,
+        response_excerpt=outcome.response_excerpt,
+        payload_version=row.payload_version,
+        started_at=started_at,
+        stale=stale,
+    )
+
+
+def after_attempt(
+    row: Claimed,
+    outcome: Outcome,
+    decision: Decision,
+    record: ledger.Attempt,
+    *,
+    now: datetime,
+) -> Completion:
+    """The new state of ``row`` after its attempt, as the retry policy decided."""
+    if decision.action is Action.DELIVERED:
+        return Completion(
+            row.id,
+            row.attempts,
+            State.DELIVERED,
+            status=outcome.http_status,
+            receipt=outcome.receipt,
+            record=record,
+        )
+    if decision.action is Action.RETRY:
+        assert decision.delay_seconds is not None
+        return Completion(
+            row.id,
+            row.attempts,
+            State.RETRYING,
+            next_attempt_at=now + timedelta(seconds=decision.delay_seconds),
+            status=outcome.http_status,
+            error=outcome.error,
+            record=record,
+        )
+    reason = decision.reason or "dead"
+    return Completion(
+        row.id,
+        row.attempts,
+        State.DEAD,
+        status=outcome.http_status,
+        error=f"{reason}: {outcome.error}" if outcome.error else reason,
+        record=record,
+    )

@@ -1,0 +1,257 @@
+"""One claimed delivery, from the pre-send checks to its durable outcome.
+
+checks (claim's facts) -> channel configured? -> gate (circuit, budget, slot, lease) ->
+last look (the ledger read again after the waits) -> request -> retry policy -> outcome
+written (fenced by id and attempt) -> what to do with the message.
+
+The send decision is taken at the last moment: after every wait, the row is read again,
+so a cancel, a disabled destination, a throttle pause or staleness committed meanwhile is
+obeyed. The one window left is the time between that read and the request going out.
+Nothing here touches the message: every path returns a ``Disposition`` for the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from consumer import decisions, gate
+from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
+from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Redelay
+from consumer.retry import Action, RetryPolicy
+from consumer.store import Store
+from service import amqp, logs
+from service.clock import Clock
+from service.crashpoints import CrashPoints
+from service.errors import Abandoned
+from service.ledger import Attempt, Claimed
+from service.telemetry import Metrics
+
+log = logs.get("consumer")
+
+# A row claimed this recently is not read again before its request: nothing waited.
+_RECHECK_AFTER_SECONDS = 0.05
+# A channel this replica cannot send through: let a replica that can take it meanwhile.
+_UNCONFIGURED_DEFER_SECONDS = 30.0
+_UNCONFIGURED_LOG_EVERY_SECONDS = 60.0
+
+
+class Deliverer:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        gate: gate.Gate,
+        channels: Mapping[str, Channel],
+        policy: RetryPolicy,
+        metrics: Metrics,
+        clock: Clock,
+        budgets_pause: Callable[[str, float], Awaitable[None]] | None = None,
+        rng: Callable[[], float] = random.random,
+        crash: CrashPoints | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._gate = gate
+        self._channels = channels
+        self._policy = policy
+        self._metrics = metrics
+        self._clock = clock
+        self._pause = budgets_pause
+        self._rng = rng
+        self._crash = crash or CrashPoints()
+        self._now = monotonic
+        self._unconfigured_logged: dict[str, float] = {}
+
+    async def deliver(
+        self, row: Claimed, *, claimed_at: float, no_new_requests: asyncio.Event
+    ) -> Disposition:
+        """Attempt ``row`` (claimed at monotonic ``claimed_at``); what to do with its message."""
+        has_destination = row.destination is not None and row.payload is not None
+        verdict = decisions.verdict(row.facts, has_destination=has_destination)
+        if not isinstance(verdict, decisions.Send):
+            return await self._without_request(row, verdict)
+        channel = self._channels.get(row.channel)
+        if channel is None:
+            self._log_unconfigured(row.channel)
+            return await self._defer(row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS)
+        admitted = await self._gate.admit(
+            row, claimed_at=claimed_at, no_new_requests=no_new_requests
+        )
+        if isinstance(admitted, gate.Stopped):
+            return await self._give_back(row)
+        if isinstance(admitted, gate.Defer):
+            return await self._defer(row, admitted.reason, admitted.seconds)
+        slot = admitted
+        try:
+            if self._now() - claimed_at > _RECHECK_AFTER_SECONDS:
+                check = await self._store.check(row.id, row.attempts)
+                if check is None or not check.claim_held:
+                    return self._claim_lost(row)
+                verdict = decisions.verdict(check.facts, has_destination=has_destination)
+                if not isinstance(verdict, decisions.Send):
+                    slot.give_back(failed=None)
+                    return await self._without_request(row, verdict)
+            outcome, started_at, latency = await self._request(channel, row, verdict.stale)
+            slot.give_back(failed=outcome.kind is OutcomeKind.RETRY)
+        finally:
+            slot.give_back(failed=None)  # a no-op when already given back
+        self._crash.hit("after_send")
+        labels = {"channel": row.channel, "provider": row.provider}
+        self._metrics.send_duration.record(latency, labels)
+        if outcome.kind is OutcomeKind.THROTTLED and self._pause is not None:
+            # Every replica stops sending to this provider until the provider says.
+            await self._pause(row.provider, outcome.retry_after_seconds or 1.0)
+            self._metrics.throttles.add(1, labels)
+        if outcome.disable_destination:
+            assert row.destination is not None
+            await self._store.disable_destination(row.destination, outcome.error or "410 gone")
+        record = decisions.attempt_record(
+            row, outcome, started_at=started_at, latency_seconds=latency, stale=verdict.stale
+        )
+        return await self._conclude(row, outcome, record)
+
+    async def _request(
+        self, channel: Channel, row: Claimed, stale: bool
+    ) -> tuple[Outcome, datetime, float]:
+        assert row.destination is not None and row.payload is not None
+        started_at = self._clock.now()  # recorded: the moment the request goes out
+        started = self._now()
+        outcome = await channel.send(
+            SendRequest(
+                delivery_id=row.id,
+                idempotency_key=row.idempotency_key,
+                destination=row.destination,
+                payload=row.payload,
+                attempt=row.attempts,
+                occurrence_at=row.occurrence_at,
+                stale=stale,
+            )
+        )
+        return outcome, started_at, self._now() - started
+
+    async def _without_request(self, row: Claimed, verdict: decisions.Verdict) -> Disposition:
+        if isinstance(verdict, decisions.Skip):
+            return await self._skip(row, verdict.reason)
+        if isinstance(verdict, decisions.Hold):
+            return await self._defer(row, verdict.reason, verdict.seconds)
+        assert isinstance(verdict, decisions.Refuse)
+        outcome = decisions.refused(verdict.error)
+        record = decisions.attempt_record(
+            row, outcome, started_at=None, latency_seconds=0.0, stale=False
+        )
+        return await self._conclude(row, outcome, record)
+
+    async def _conclude(self, row: Claimed, outcome: Outcome, record: Attempt) -> Disposition:
+        labels = {"channel": row.channel, "provider": row.provider}
+        self._metrics.attempts.add(1, {**labels, "outcome": outcome.kind.value})
+        decision = self._policy.decide(
+            outcome.kind,
+            channel=row.channel,
+            attempt=row.attempt_in_round,
+            retry_after_seconds=outcome.retry_after_seconds,
+            random=self._rng,
+        )
+        completion = decisions.after_attempt(row, outcome, decision, record, now=self._clock.now())
+        # Durable first: the outcome is committed before any retry/dead-letter publish
+        # and before the ack. If this process dies now, redelivery finds the new state.
+        written = await self._store.complete(completion)
+        self._crash.hit("after_write")
+        # ERROR only for a dead letter; a delivered one is in the ledger, so DEBUG.
+        level = {Action.DEAD: 40, Action.DELIVERED: 10}.get(decision.action, 20)
+        log.log(
+            level,
+            "delivery attempted",
+            extra={
+                "event": "attempt",
+                "outcome": outcome.kind.value,
+                "decision": decision.action.value,
+                "http_status": outcome.http_status,
+                "error": logs.redact(outcome.error) if outcome.error else None,
+                "latency_ms": round((record.latency_ms or 0.0), 1),
+                "fenced_out": not written,
+                **_fields(row),
+            },
+        )
+        if not written:
+            return Ack()  # another claim owns the row now; its own message carries it
+        if decision.action is Action.RETRY:
+            assert decision.delay_seconds is not None
+            self._metrics.retries_scheduled.add(1, labels)
+            return Redelay(amqp.lane_of(row.urgent), decision.delay_seconds)
+        if decision.action is Action.DEAD:
+            self._metrics.dead_letters.add(1, {"reason": decision.reason or "dead", **labels})
+            return DeadLetter(
+                completion.error or "dead",
+                dead_row=(row.id, row.attempts),
+                headers={"x-relay-last-status": outcome.http_status or 0},
+            )
+        return Ack()
+
+    async def _skip(self, row: Claimed, reason: str) -> Disposition:
+        await self._store.complete(decisions.skipped(row, reason))
+        self._metrics.skipped.add(1, {"reason": reason, "channel": row.channel})
+        log.info("delivery skipped", extra={"event": "skipped", "reason": reason, **_fields(row)})
+        return Ack()
+
+    async def _defer(self, row: Claimed, reason: str, seconds: float) -> Disposition:
+        """Give the claim back without counting an attempt, and park the message."""
+        retry_at = self._clock.now() + timedelta(seconds=seconds)
+        await self._store.release(row.id, row.attempts, retry_at)
+        self._metrics.deferrals.add(1, {"reason": _reason_label(reason)})
+        log.info(
+            "send deferred without an attempt",
+            extra={
+                "event": "deferred",
+                "delivery_id": row.id,
+                "reason": reason,
+                "delay_seconds": round(seconds, 3),
+            },
+        )
+        # Parked even if the release found the claim gone: an extra message is harmless.
+        return Redelay(amqp.lane_of(row.urgent), seconds)
+
+    async def _give_back(self, row: Claimed) -> Disposition:
+        """Shutdown: release the claim (no attempt) and hand the message back."""
+        try:
+            await self._store.release(row.id, row.attempts, None)
+        except Abandoned:
+            pass  # the database is gone too: the lease runs out and a later claim takes it
+        self._metrics.deferrals.add(1, {"reason": "shutdown"})
+        log.info("claim given back at shutdown", extra={"event": "given_back", **_fields(row)})
+        return GiveBack(amqp.lane_of(row.urgent))
+
+    def _claim_lost(self, row: Claimed) -> Disposition:
+        log.warning(
+            "claim lost before sending; left to its new holder",
+            extra={"event": "claim_lost", **_fields(row)},
+        )
+        return Ack()
+
+    def _log_unconfigured(self, channel: str) -> None:
+        now = self._now()
+        last = self._unconfigured_logged.get(channel)
+        if last is None or now - last > _UNCONFIGURED_LOG_EVERY_SECONDS:
+            self._unconfigured_logged[channel] = now
+            log.error(
+                "channel not configured on this replica; deferring its deliveries",
+                extra={"event": "channel_not_configured", "channel": channel},
+            )
+
+
+def _fields(row: Claimed) -> dict[str, Any]:
+    return {
+        "delivery_id": row.id,
+        "key": row.idempotency_key,
+        "run_id": row.run_id,
+        "attempt": row.attempts,
+    }
+
+
+def _reason_label(reason: str) -> str:
+    """A low-cardinality metric label: the reason's fixed part."""
+    return reason.split(":")[0]

@@ -1,0 +1,144 @@
+"""What a claimed send must pass before its request: circuit, rate budget, a slot of its
+destination's share, and enough lease left.
+
+The order matters. A broken destination (circuit open) is refused before it spends any
+budget. The destination's slot is taken only for the request itself, never while waiting
+for budget, so one provider's backlog cannot crowd out other destinations. The lease is
+checked last, because the waits may have eaten it: a request must finish while the claim
+still fences the row. Every wait ends at once when shutdown says no request may start
+any more (``no_new_requests``): the claim is then given back, not sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from consumer import budget, isolation
+from service.ledger import Claimed
+from service.telemetry import Metrics
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Defer:
+    """Not now: give the claim back and try again after ``seconds``."""
+
+    reason: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Shutdown: no request may start any more."""
+
+
+class Slot:
+    """A slot of one destination's share, held for one request. Return it exactly once."""
+
+    def __init__(self, guard: isolation.DestinationGuard, key: str) -> None:
+        self._guard = guard
+        self._key = key
+        self._returned = False
+
+    def give_back(self, *, failed: bool | None) -> None:
+        """``failed``: the request failed (timeout, 5xx); None: no request was made."""
+        if not self._returned:
+            self._returned = True
+            self._guard.return_slot(self._key, failed=failed)
+
+
+class Gate:
+    def __init__(
+        self,
+        *,
+        guard: isolation.DestinationGuard,
+        budgets: budget.Budgets | None,
+        metrics: Metrics,
+        lease_seconds: float,
+        send_timeout_seconds: float,
+        budget_max_wait_seconds: float,
+        budget_defer_seconds: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._guard = guard
+        self._budgets = budgets
+        self._metrics = metrics
+        self._lease_seconds = lease_seconds
+        self._send_timeout = send_timeout_seconds
+        self._budget_max_wait = budget_max_wait_seconds
+        self._budget_defer = budget_defer_seconds
+        self._now = monotonic
+
+    async def admit(
+        self, row: Claimed, *, claimed_at: float, no_new_requests: asyncio.Event
+    ) -> Slot | Defer | Stopped:
+        """Wait until ``row`` may be sent; the slot to hold during its request, or why not.
+
+        ``claimed_at`` is the monotonic time taken before the claim (its lease ends no
+        earlier than ``claimed_at + lease_seconds``).
+        """
+        assert row.destination is not None
+        key = isolation.destination_key(row.channel, row.provider, row.destination)
+        refused = self._guard.check_circuit(key)
+        if not refused.admitted:
+            return Defer(refused.reason, refused.retry_after_seconds)
+        if self._budgets is not None:
+            budgets = self._budgets
+            started = self._now()
+            got = await _unless(
+                no_new_requests,
+                budgets.acquire(
+                    row.provider, urgent=row.urgent, max_wait_seconds=self._budget_max_wait
+                ),
+            )
+            waited = self._now() - started
+            if waited > 0.001:  # recorded when a send actually waited for budget
+                labels = {"channel": row.channel, "provider": row.provider}
+                self._metrics.budget_wait.record(waited, labels)
+            if isinstance(got, Stopped):
+                return got
+            if not got:
+                return Defer("rate budget exhausted or paused", self._budget_defer)
+        admission = await _unless(no_new_requests, self._guard.take_slot(key))
+        if isinstance(admission, Stopped):
+            return admission
+        if not admission.admitted:
+            return Defer(admission.reason, admission.retry_after_seconds)
+        slot = Slot(self._guard, key)
+        lease_left = self._lease_seconds - (self._now() - claimed_at)
+        if lease_left <= self._send_timeout:
+            # Sending now could outlive the claim and overlap another claim of the row.
+            slot.give_back(failed=None)
+            return Defer("lease too short after waiting", self._budget_defer)
+        if no_new_requests.is_set():
+            slot.give_back(failed=None)
+            return Stopped()
+        return slot
+
+
+async def _unless(stop: asyncio.Event, waiting: Awaitable[T]) -> T | Stopped:
+    """Await ``waiting``, unless ``stop`` is set first: then cancel it and say so."""
+    task = asyncio.ensure_future(waiting)
+    if stop.is_set():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return Stopped()
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return Stopped()
+    return task.result()

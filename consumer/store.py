@@ -1,0 +1,133 @@
+"""The consumer's statements on the ledger: grouped where hot, each one outage-proof.
+
+Claims, pre-send checks and outcome writes happen hundreds of times a second, so each is
+submitted to a ``Batcher`` and concurrent ones share one statement. Every statement runs
+through the ``DatabaseWatch``: an unreachable database makes it wait, not fail. The
+functions themselves are ``service.ledger``'s; this module only decides how they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from consumer.outage import DatabaseWatch
+from service import ledger
+from service.batching import Batcher
+from service.ledger import Claimed, Completion, SendCheck, State, Unclaimable
+
+ClaimResult = Claimed | Unclaimable | None
+
+
+class Store:
+    """One per consumer process. ``start()`` before use, ``close()`` at the end."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        watch: DatabaseWatch,
+        *,
+        lease_seconds: float,
+        batch_max: int,
+        concurrency: int,
+        stopping: asyncio.Event,
+    ) -> None:
+        self._pool = pool
+        self._watch = watch
+        self._lease_seconds = lease_seconds
+        self._stopping = stopping
+        self._claims: Batcher[int, ClaimResult] = Batcher(
+            self._claim_batch, max_size=batch_max, max_concurrent=concurrency
+        )
+        self._checks: Batcher[tuple[int, int], SendCheck | None] = Batcher(
+            self._check_batch, max_size=batch_max, max_concurrent=concurrency
+        )
+        self._completions: Batcher[Completion, bool] = Batcher(
+            self._complete_batch, max_size=batch_max, max_concurrent=concurrency
+        )
+
+    def start(self) -> None:
+        for batcher in self._batchers():
+            batcher.start()
+
+    def stop_claims(self) -> None:
+        """Shutdown: claim nothing more; claims not yet sent to the database fail."""
+        self._claims.stop_intake("stopping")
+
+    async def close(self, timeout_seconds: float) -> None:
+        """Flush what was submitted within the deadline, then stop."""
+        await asyncio.gather(*(b.close(timeout_seconds) for b in self._batchers()))
+
+    def _batchers(self) -> list[Batcher[Any, Any]]:
+        return [self._claims, self._checks, self._completions]
+
+    # ---------------------------------------------------------------- one item each
+
+    async def claim(self, delivery_id: int) -> ClaimResult:
+        """Claim one row: the row held for sending, why it cannot be, or None (no row)."""
+        return await self._claims.submit(delivery_id)
+
+    async def check(self, delivery_id: int, attempt: int) -> SendCheck | None:
+        """The row read again right before its request (None: the row is gone)."""
+        return await self._checks.submit((delivery_id, attempt))
+
+    async def complete(self, completion: Completion) -> bool:
+        """Write one outcome; False if the claim was fenced out by another one."""
+        return await self._completions.submit(completion)
+
+    async def release(self, delivery_id: int, attempt: int, retry_at: datetime | None) -> bool:
+        """Give a claim back without counting an attempt (at shutdown: only if quick)."""
+        return await self._watch.run(
+            lambda: ledger.release(self._pool, delivery_id, attempt, retry_at),
+            abandon=self._stopping,
+        )
+
+    async def mark_dead_lettered(self, delivery_id: int, attempt: int) -> None:
+        await self._watch.run(lambda: ledger.mark_dead_lettered(self._pool, delivery_id, attempt))
+
+    async def disable_destination(self, destination: str, reason: str) -> None:
+        await self._watch.run(lambda: ledger.disable_destination(self._pool, destination, reason))
+
+    # ---------------------------------------------------------------- grouped flushes
+
+    async def _claim_batch(self, ids: Sequence[int]) -> list[ClaimResult]:
+        unique = list(dict.fromkeys(ids))
+
+        async def statement() -> tuple[dict[int, Claimed], dict[int, Unclaimable]]:
+            async with self._pool.acquire() as conn:
+                return await ledger.claim(conn, unique, self._lease_seconds)
+
+        # During shutdown a claim gives up rather than wait out an outage: its message is
+        # handed back untouched.
+        claimed, others = await self._watch.run(statement, abandon=self._stopping)
+        # A duplicate id within one batch gets the claim once; its twin sees it as held.
+        results: list[ClaimResult] = []
+        given: set[int] = set()
+        for i in ids:
+            row = claimed.get(i)
+            if row is not None and i not in given:
+                given.add(i)
+                results.append(row)
+            elif row is not None:
+                now = datetime.now(UTC)
+                lease_end = now + timedelta(seconds=self._lease_seconds)
+                results.append(Unclaimable(i, State.SENDING, None, lease_end, now))
+            else:
+                results.append(others.get(i))
+        return results
+
+    async def _check_batch(self, claims: Sequence[tuple[int, int]]) -> list[SendCheck | None]:
+        found = await self._watch.run(lambda: ledger.send_checks(self._pool, claims))
+        return [found.get(c) for c in claims]
+
+    async def _complete_batch(self, completions: Sequence[Completion]) -> list[bool]:
+        async def statement() -> set[tuple[int, int]]:
+            async with self._pool.acquire() as conn:
+                return await ledger.complete(conn, completions)
+
+        written = await self._watch.run(statement)
+        return [(c.id, c.attempt) in written for c in completions]
