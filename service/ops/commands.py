@@ -17,9 +17,10 @@ from typing import TextIO
 
 import asyncpg
 
-from service import db, errors, netpolicy, reminders, runs, schedule
-from service import partner as partner_mod
-from service import status as status_mod
+from service import db, errors, netpolicy, runs, schedule
+from service.ops import partner as partner_mod
+from service.ops import reminders
+from service.ops import status as status_mod
 from service.settings import Settings
 
 
