@@ -38,7 +38,7 @@ from service.settings import Settings  # noqa: E402
 
 BASE_DB_URL = os.environ.get("RELAY_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("RELAY_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-RELAY = [sys.executable, "-m", "service.cli"]
+RELAY = [sys.executable, "-m", "service.ops.cli"]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RELAY, REPO, bench_env, check, run_measured, state_counts, write_reminders
 
-from service import partner as partner_mod
+from service.ops import partner as partner_mod
 
 _FIGURES = re.compile(r"median of \d+: (\d+) deliveries/s.*CPU (\d+) us/delivery")
 

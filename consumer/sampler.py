@@ -14,7 +14,7 @@ import aiormq
 import asyncpg
 from aio_pika.abc import AbstractConnection
 
-from service import amqp, db, logs, status
+from service import amqp, db, ledger, logs, runs
 from service.telemetry import Snapshot
 
 log = logs.get("consumer")
@@ -27,13 +27,13 @@ async def sample_once(
     snapshot: Snapshot,
 ) -> None:
     states = {r["state"]: r["n"] for r in await pool.fetch(db.q("overall_state_counts"))}
-    snapshot.states = {state: states.get(state, 0) for state in _STATES}
+    snapshot.states = {state.value: states.get(state, 0) for state in ledger.State}
     snapshot.oldest_claimable_seconds = float(
         await pool.fetchval(db.q("oldest_claimable_age")) or 0.0
     )
     now = await pool.fetchval(db.q("db_now"))
     # The latest run that admitted work: a minutely CronJob's empty runs say nothing.
-    latest = await status.run_reports(pool, None, 1, now, kind="publish", nonempty=True)
+    latest = await runs.reports(pool, None, 1, now, kind="publish", nonempty=True)
     if latest:
         run = latest[0]
         snapshot.latest_run_completion = run.completion_ratio
@@ -48,9 +48,6 @@ async def sample_once(
         snapshot.queue_depth = depths
     finally:
         await channel.close()
-
-
-_STATES = ("pending", "queued", "sending", "retrying", "delivered", "dead", "skipped")
 
 
 async def run_sampler(

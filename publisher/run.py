@@ -27,7 +27,7 @@ from typing import Any
 import asyncpg
 from opentelemetry import trace
 
-from service import amqp, db, errors, ledger, logs, schedule, telemetry
+from service import amqp, db, errors, ledger, logs, runs, schedule, telemetry
 from service.clock import Clock
 from service.ledger import NewDelivery, State
 from service.settings import Settings
@@ -160,12 +160,11 @@ class PublishRun:
         oldest_due = await self._pool.fetchval(db.q("oldest_due"), now)
         intended = intended_fire_at or min(oldest_due or now, now)
         kind = "rescue" if rescue_only else "publish"
-        row = await self._pool.fetchrow(db.q("start_run"), kind, intended, socket.gethostname())
-        assert row is not None
-        self.run_id = row["id"]
-        self._metrics.scheduler_lag.record(max((row["started_at"] - intended).total_seconds(), 0))
+        started = await runs.start(self._pool, kind, intended, socket.gethostname())
+        self.run_id = started.run_id
+        self._metrics.scheduler_lag.record(max((started.started_at - intended).total_seconds(), 0))
         fields = {"event": "publish_run", "run_id": self.run_id}
-        paused = not rescue_only and await self._pool.fetchval(db.q("admission_paused"))
+        paused = not rescue_only and await runs.admission_paused(self._pool)
         if paused:
             # Pause stops admission of scheduled occurrences only. What is already owed
             # (outbox intents committed with application state, pending rows, lost
@@ -294,17 +293,17 @@ class PublishRun:
 
     async def _finish(self, status: str) -> RunResult:
         c = self.counts
-        await self._pool.execute(
-            db.q("finish_run"),
+        await runs.finish(
+            self._pool,
             self.run_id,
             status,
-            c.due,
-            c.created,
-            c.skipped,
-            c.published,
-            c.rescued,
-            c.failed,
-            self._error,
+            due=c.due,
+            created=c.created,
+            skipped=c.skipped,
+            published=c.published,
+            rescued=c.rescued,
+            failed=c.failed,
+            error=self._error,
         )
         extra: dict[str, Any] = {
             "event": "publish_run_finished",

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from service import amqp, db
-from service import partner as partner_mod
+from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as relay_support
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.cli import build_parser
+from service.ops.cli import build_parser
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ CONSTRAINTS = DEPLOY / "constraints.txt"
 # Every kustomization that must build; the first three are what an operator applies.
 KUSTOMIZATIONS = ["base", "overlays/example", "overlays/example/replay", "replay"]
 
-# Read outside Settings (service/cli.py, service/settings.py).
+# Read outside Settings (service/ops/cli.py, service/settings.py).
 EXTRA_VARIABLES = {"RELAY_SECRETS_DIR", "RELAY_LOG_LEVEL"}
 
 IMAGE_NAME = "reminder-relay"  # the name every manifest uses; kustomize `images` rewrites it

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from consumer import run as consumer_run
-from service import netpolicy, reminders, settings
-from service import partner as partner_mod
+from service import netpolicy, settings
+from service.ops import partner as partner_mod
+from service.ops import reminders
 from tests.deploy import support
 from tests.deploy.support import COMPOSE, REPO
 

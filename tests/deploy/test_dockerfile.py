@@ -142,13 +142,13 @@ def test_dockerignore_keeps_junk_and_secrets_out() -> None:
         "tests/conftest.py",
         "var/demo/consumers.log",
         ".env",
-        "service/__pycache__/cli.cpython-311.pyc",
+        "service/ops/__pycache__/cli.cpython-311.pyc",
         "reminder_relay.egg-info/PKG-INFO",
         "deploy/k8s/overlays/example/secret.yaml",
         "docker-compose.yml",
     ):
         assert support.excluded_from_context(path), f"{path} would be sent to the builder"
-    for path in ("pyproject.toml", "README.md", "deploy/constraints.txt", "service/cli.py"):
+    for path in ("pyproject.toml", "README.md", "deploy/constraints.txt", "service/ops/cli.py"):
         assert not support.excluded_from_context(path), path
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from service import partner as partner_mod
+from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.nodes import RabbitNode, free_ports, start_rabbitmq

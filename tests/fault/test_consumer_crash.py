@@ -13,7 +13,7 @@ from pathlib import Path
 
 import asyncpg
 
-from service import partner as partner_mod
+from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from service import outbox
-from service import partner as partner_mod
+from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from examples.holds import worker as holds
 from service import db
-from service import partner as partner_mod
+from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
 

@@ -17,9 +17,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from publisher import run as publish_run
-from service import partner as partner_mod
 from service import telemetry
 from service.clock import SystemClock
+from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.conftest import SECRET
 from tests.support import relay as rs

@@ -17,7 +17,7 @@ import aio_pika
 import asyncpg
 
 from service import amqp, messages
-from service import partner as partner_mod
+from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner

@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from service import partner as partner_mod
 from service import schedule
+from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner

@@ -21,8 +21,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import SecretStr
 
 from consumer import run as consume_run
-from service import amqp, netpolicy, reminders, telemetry
-from service import partner as partner_mod
+from service import amqp, netpolicy, telemetry
+from service.ops import partner as partner_mod
+from service.ops import reminders
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ async def relay(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "service.cli",
+        "service.ops.cli",
         *args,
         env=env_for(settings, **extra_env),
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
@@ -90,7 +91,7 @@ async def start_consumer(
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "service.cli",
+        "service.ops.cli",
         "consume",
         env=env_for(settings, **extra_env),
         stdout=asyncio.subprocess.DEVNULL,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from service import cli
+from service.ops import cli
 from service.settings import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()

@@ -2,94 +2,18 @@
 
 Per run: intended fire time, scheduler lag, what was due, delivered, retrying, dead,
 skipped (by reason), the completion ratio and the oldest pending age; and, with
-``--missing``, who did not get it.
+``--missing``, who did not get it. The per-run data comes from ``service.runs``; this
+module adds the operator-facing totals and renders text or JSON.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any
 
 import asyncpg
 
-from service import db
-
-
-@dataclass
-class RunReport:
-    run_id: int
-    kind: str
-    status: str
-    intended_fire_at: datetime
-    started_at: datetime
-    finished_at: datetime | None
-    lag_seconds: float
-    due: int
-    created: int
-    published: int
-    rescued: int
-    failed_to_publish: int
-    states: dict[str, int] = field(default_factory=dict)
-    skipped_by_reason: dict[str, int] = field(default_factory=dict)
-    oldest_pending_seconds: float | None = None
-
-    @property
-    def delivered(self) -> int:
-        return self.states.get("delivered", 0)
-
-    @property
-    def completion_ratio(self) -> float | None:
-        """Delivered + deliberately skipped, over everything the run created."""
-        total = sum(self.states.values())
-        if total == 0:
-            return None
-        return (self.delivered + self.states.get("skipped", 0)) / total
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["delivered"] = self.delivered
-        data["completion_ratio"] = self.completion_ratio
-        return data
-
-
-async def run_reports(
-    pool: asyncpg.Pool,
-    run_id: int | None,
-    count: int,
-    now: datetime,
-    kind: str | None = None,
-    *,
-    nonempty: bool = False,
-) -> list[RunReport]:
-    """Reports of recent runs (``nonempty``: only runs that admitted deliveries)."""
-    runs = await pool.fetch(db.q("runs_recent"), run_id, count, kind, nonempty)
-    reports = {
-        r["id"]: RunReport(
-            run_id=r["id"],
-            kind=r["kind"],
-            status=r["status"],
-            intended_fire_at=r["intended_fire_at"],
-            started_at=r["started_at"],
-            finished_at=r["finished_at"],
-            lag_seconds=(r["started_at"] - r["intended_fire_at"]).total_seconds(),
-            due=r["due_count"],
-            created=r["created_count"],
-            published=r["published_count"],
-            rescued=r["rescued_count"],
-            failed_to_publish=r["failed_count"],
-        )
-        for r in runs
-    }
-    for row in await pool.fetch(db.q("run_state_counts"), list(reports)):
-        report = reports[row["run_id"]]
-        report.states[row["state"]] = report.states.get(row["state"], 0) + row["n"]
-        if row["state"] == "skipped":
-            report.skipped_by_reason[row["skip_reason"]] = row["n"]
-        if row["oldest_pending"] is not None:
-            report.oldest_pending_seconds = (now - row["oldest_pending"]).total_seconds()
-    return list(reports.values())
+from service import db, ledger, runs
 
 
 async def overall(pool: asyncpg.Pool) -> dict[str, Any]:
@@ -111,11 +35,15 @@ async def missing(pool: asyncpg.Pool, run_id: int, limit: int) -> list[dict[str,
     return [dict(r) for r in rows]
 
 
+# The table's "pending" column: rows not yet worked to an outcome or a retry.
+_OPEN = (ledger.State.PENDING, ledger.State.QUEUED, ledger.State.SENDING)
+
+
 def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
-def render_table(reports: list[RunReport], totals: dict[str, Any]) -> str:
+def render_table(reports: list[runs.RunReport], totals: dict[str, Any]) -> str:
     """A readable report for people."""
     header = (
         f"{'run':>5} {'status':<10} {'intended (UTC)':<17} {'lag s':>7} {'due':>6} "
@@ -124,12 +52,15 @@ def render_table(reports: list[RunReport], totals: dict[str, Any]) -> str:
     )
     lines = [header, "-" * len(header)]
     for r in reports:
-        open_ = sum(r.states.get(s, 0) for s in ("pending", "queued", "sending"))
+        open_ = sum(r.states.get(s, 0) for s in _OPEN)
+        retrying = r.states.get(ledger.State.RETRYING, 0)
+        dead = r.states.get(ledger.State.DEAD, 0)
+        skipped = r.states.get(ledger.State.SKIPPED, 0)
         lines.append(
             f"{r.run_id:>5} {r.status:<10} {r.intended_fire_at:%Y-%m-%d %H:%M}  "
             f"{r.lag_seconds:>7.1f} {r.due:>6} {r.delivered:>9} "
-            f"{r.states.get('retrying', 0):>8} {r.states.get('dead', 0):>5} "
-            f"{r.states.get('skipped', 0):>7} {open_:>7} {_fmt_ratio(r.completion_ratio):>8}"
+            f"{retrying:>8} {dead:>5} "
+            f"{skipped:>7} {open_:>7} {_fmt_ratio(r.completion_ratio):>8}"
         )
         if r.skipped_by_reason:
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.skipped_by_reason.items()))

@@ -17,9 +17,10 @@ from typing import TextIO
 
 import asyncpg
 
-from service import db, errors, netpolicy, reminders, schedule
-from service import partner as partner_mod
-from service import status as status_mod
+from service import db, errors, netpolicy, runs, schedule
+from service.ops import partner as partner_mod
+from service.ops import reminders
+from service.ops import status as status_mod
 from service.settings import Settings
 
 
@@ -137,7 +138,7 @@ async def status(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         now = await pool.fetchval(db.q("db_now"))
         if args.missing:
-            run_id = args.run or await pool.fetchval(db.q("latest_publish_run"))
+            run_id = args.run or await runs.latest_with_work(pool)
             if run_id is None:
                 print("relay: no publish runs yet", file=sys.stderr)
                 return errors.ExitCode.INCOMPLETE
@@ -148,7 +149,7 @@ async def status(args: argparse.Namespace, settings: Settings) -> int:
                 else status_mod.render_missing(run_id, rows)
             )
             return errors.ExitCode.OK
-        reports = await status_mod.run_reports(
+        reports = await runs.reports(
             pool, args.run, args.runs, now, nonempty=args.run is None and not args.all_runs
         )
         totals = await status_mod.overall(pool)
@@ -161,7 +162,7 @@ async def status(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _set_admission(settings: Settings, paused: bool) -> int:
     async with _pool(settings) as pool:
-        await pool.fetchval(db.q("set_admission"), paused, getpass.getuser())
+        await runs.set_admission_paused(pool, paused, getpass.getuser())
     print("admission paused: publish runs will record and exit" if paused else "admission resumed")
     return errors.ExitCode.OK
 

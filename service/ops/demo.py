@@ -28,7 +28,7 @@ import aio_pika
 import asyncpg
 
 from service import amqp, db, errors
-from service import partner as partner_mod
+from service.ops import partner as partner_mod
 from service.settings import Settings
 
 DEMO_DB = "relay_demo"  # also named in the demo_* queries
@@ -93,7 +93,7 @@ async def _open_rows(pool: asyncpg.Pool) -> int:
 
 
 async def main(args: argparse.Namespace, settings: Settings) -> int:
-    relay = [sys.executable, "-m", "service.cli"]
+    relay = [sys.executable, "-m", "service.ops.cli"]
     print("== reminder-relay demo ==", flush=True)
     database_url = await _fresh_database(settings)
     await _fresh_namespace(settings)

@@ -1,7 +1,7 @@
 """The ``relay`` command line: argument parsing and dispatch to each command's handler.
 
 Handlers live beside what they drive (``publisher.commands``, ``consumer.commands``,
-``service.commands``) and are looked up by name when their subcommand runs, so
+``service.ops.commands``) and are looked up by name when their subcommand runs, so
 ``service`` never imports ``publisher`` or ``consumer`` and a consumer process never
 loads the publisher's code.
 """
@@ -25,18 +25,18 @@ Handler = Callable[[argparse.Namespace, settings.Settings], Coroutine[Any, Any, 
 
 # subcommand -> "module:function"; the function is async (args, settings) -> exit code.
 HANDLERS = {
-    "migrate": "service.commands:migrate",
-    "reminders.load": "service.commands:reminders_load",
-    "reminders.list": "service.commands:reminders_list",
-    "reminders.show": "service.commands:reminders_show",
-    "reminders.cancel": "service.commands:reminders_cancel",
-    "status": "service.commands:status",
-    "pause": "service.commands:pause",
-    "resume": "service.commands:resume",
-    "partner": "service.commands:partner",
-    "destinations.list": "service.commands:destinations_list",
-    "destinations.enable": "service.commands:destinations_enable",
-    "demo": "service.demo:main",
+    "migrate": "service.ops.commands:migrate",
+    "reminders.load": "service.ops.commands:reminders_load",
+    "reminders.list": "service.ops.commands:reminders_list",
+    "reminders.show": "service.ops.commands:reminders_show",
+    "reminders.cancel": "service.ops.commands:reminders_cancel",
+    "status": "service.ops.commands:status",
+    "pause": "service.ops.commands:pause",
+    "resume": "service.ops.commands:resume",
+    "partner": "service.ops.commands:partner",
+    "destinations.list": "service.ops.commands:destinations_list",
+    "destinations.enable": "service.ops.commands:destinations_enable",
+    "demo": "service.ops.demo:main",
     "publish": "publisher.commands:publish",
     "rescue": "publisher.commands:rescue",
     "replay": "publisher.commands:replay",

@@ -1,0 +1,174 @@
+"""Publish runs and the admission switch: the one door to ``publish_runs`` and
+``admission``.
+
+A run is recorded when it starts (``running``) and finished once with its counts; the
+CHECK constraint ties ``finished_at`` to the status, and finishing a run that is no
+longer ``running`` changes nothing. The run report (what a run was due, what became
+of its deliveries, its lag) is read here too, because both ``relay status`` and the
+consumer's metrics sampler need it. Each function runs named blocks of
+``sql/queries.sql``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from service import db, ledger
+
+
+@dataclass(frozen=True)
+class Started:
+    """A run just recorded as ``running``."""
+
+    run_id: int
+    started_at: datetime  # the database's clock
+
+
+@dataclass
+class RunReport:
+    """One run as ``relay status`` and the metrics sampler see it."""
+
+    run_id: int
+    kind: str
+    status: str
+    intended_fire_at: datetime
+    started_at: datetime
+    finished_at: datetime | None
+    lag_seconds: float
+    due: int
+    created: int
+    published: int
+    rescued: int
+    failed_to_publish: int
+    states: dict[str, int] = field(default_factory=dict)  # ledger state -> rows of this run
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    oldest_pending_seconds: float | None = None
+
+    @property
+    def delivered(self) -> int:
+        return self.states.get(ledger.State.DELIVERED, 0)
+
+    @property
+    def completion_ratio(self) -> float | None:
+        """Delivered + deliberately skipped, over everything the run created."""
+        total = sum(self.states.values())
+        if total == 0:
+            return None
+        return (self.delivered + self.states.get(ledger.State.SKIPPED, 0)) / total
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["delivered"] = self.delivered
+        data["completion_ratio"] = self.completion_ratio
+        return data
+
+
+async def start(
+    executor: ledger.Executor, kind: str, intended_fire_at: datetime, host: str
+) -> Started:
+    """Record a new ``running`` run of ``kind`` (``publish`` or ``rescue``)."""
+    row = await executor.fetchrow(db.q("start_run"), kind, intended_fire_at, host)
+    assert row is not None  # an INSERT ... RETURNING always returns its row
+    return Started(run_id=row["id"], started_at=row["started_at"])
+
+
+async def finish(
+    executor: ledger.Executor,
+    run_id: int,
+    status: str,
+    *,
+    due: int,
+    created: int,
+    skipped: int,
+    published: int,
+    rescued: int,
+    failed: int,
+    error: str | None,
+) -> bool:
+    """running -> ``status`` with the run's counts; False if it was already finished."""
+    result = await executor.execute(
+        db.q("finish_run"),
+        run_id,
+        status,
+        due,
+        created,
+        skipped,
+        published,
+        rescued,
+        failed,
+        error,
+    )
+    return result == "UPDATE 1"
+
+
+async def admission_paused(executor: ledger.Executor) -> bool:
+    """Whether ``relay pause`` stopped the admission of scheduled occurrences."""
+    return bool(await executor.fetchval(db.q("admission_paused")))
+
+
+async def set_admission_paused(executor: ledger.Executor, paused: bool, changed_by: str) -> bool:
+    """Pause or resume admission, recording who did it; returns the new setting."""
+    return bool(await executor.fetchval(db.q("set_admission"), paused, changed_by))
+
+
+async def latest_with_work(executor: ledger.Executor) -> int | None:
+    """The latest publish run that admitted anything (not the empty runs after it)."""
+    run_id: int | None = await executor.fetchval(db.q("latest_publish_run"))
+    return run_id
+
+
+async def reports(
+    executor: ledger.Executor,
+    run_id: int | None,
+    count: int,
+    now: datetime,
+    kind: str | None = None,
+    *,
+    nonempty: bool = False,
+) -> list[RunReport]:
+    """Reports of recent runs, newest first (``nonempty``: only runs that admitted work).
+
+    ``now`` is the database's clock, for the age of the oldest pending row.
+    """
+    found = await _recent(executor, run_id, count, kind, nonempty)
+    await _count_states(executor, found, now)
+    return list(found.values())
+
+
+async def _recent(
+    executor: ledger.Executor, run_id: int | None, count: int, kind: str | None, nonempty: bool
+) -> dict[int, RunReport]:
+    """The runs themselves, by id, without their deliveries' states yet."""
+    rows = await executor.fetch(db.q("runs_recent"), run_id, count, kind, nonempty)
+    return {
+        r["id"]: RunReport(
+            run_id=r["id"],
+            kind=r["kind"],
+            status=r["status"],
+            intended_fire_at=r["intended_fire_at"],
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+            lag_seconds=(r["started_at"] - r["intended_fire_at"]).total_seconds(),
+            due=r["due_count"],
+            created=r["created_count"],
+            published=r["published_count"],
+            rescued=r["rescued_count"],
+            failed_to_publish=r["failed_count"],
+        )
+        for r in rows
+    }
+
+
+async def _count_states(
+    executor: ledger.Executor, found: dict[int, RunReport], now: datetime
+) -> None:
+    """Fill in each report's delivery states, skip reasons and oldest pending age."""
+    for row in await executor.fetch(db.q("run_state_counts"), list(found)):
+        report = found[row["run_id"]]
+        report.states[row["state"]] = report.states.get(row["state"], 0) + row["n"]
+        if row["state"] == ledger.State.SKIPPED:
+            report.skipped_by_reason[row["skip_reason"]] = row["n"]
+        if row["oldest_pending"] is not None:
+            report.oldest_pending_seconds = (now - row["oldest_pending"]).total_seconds()
