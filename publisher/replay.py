@@ -30,6 +30,7 @@ without changing anything; ``--apply`` does it. Every applied replay is recorded
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,24 +52,15 @@ PAGE = 500
 _CLOSE_SECONDS = 5.0
 
 
-@dataclass(frozen=True)
-class LedgerFilter:
-    states: tuple[State, ...] = (State.DEAD,)
-    since: datetime | None = None
-    until: datetime | None = None
-    run_id: int | None = None
-    reminder_id: str | None = None
-    provider: str | None = None
-    channel: str | None = None
-    key: str | None = None
-    last_status: int | None = None
+LedgerFilter = ledger.ReplayFilter
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            k: (v.isoformat() if isinstance(v, datetime) else v)
-            for k, v in self.__dict__.items()
-            if v is not None
-        }
+
+def _filters_json(selection: LedgerFilter) -> dict[str, Any]:
+    return {
+        k: (v.isoformat() if isinstance(v, datetime) else v)
+        for k, v in selection.__dict__.items()
+        if v is not None
+    }
 
 
 @dataclass
@@ -124,32 +116,23 @@ class Replayer:
         return confirmed, failed
 
     async def from_ledger(self, filters: LedgerFilter, *, limit: int, apply: bool) -> ReplaySummary:
-        states = [s.value for s in filters.states if s in REPLAYABLE]
+        selection = dataclasses.replace(
+            filters, states=tuple(s for s in filters.states if s in REPLAYABLE)
+        )
         summary = ReplaySummary("ledger", apply)
-        audit = await self._audit_start("ledger", filters.as_json()) if apply else None
+        audit = await self._audit_start("ledger", _filters_json(filters)) if apply else None
         after_id = 0
-        while summary.selected < limit and states:
-            page = await self._pool.fetch(
-                db.q("replay_select"),
-                states,
-                filters.since,
-                filters.until,
-                filters.run_id,
-                filters.reminder_id,
-                filters.provider,
-                filters.channel,
-                filters.key,
-                filters.last_status,
-                after_id,
-                min(PAGE, limit - summary.selected),
+        while summary.selected < limit and selection.states:
+            page = await ledger.select_for_replay(
+                self._pool, selection, after_id, min(PAGE, limit - summary.selected)
             )
             if not page:
                 break
-            after_id = page[-1]["id"]
+            after_id = page[-1][0]
             summary.selected += len(page)
-            summary.sample.extend(r["id"] for r in page[: max(0, 20 - len(summary.sample))])
-            dead = [r["id"] for r in page if r["state"] == State.DEAD]
-            live = [(r["id"], r["urgent"]) for r in page if r["state"] != State.DEAD]
+            summary.sample.extend(i for i, _, _ in page[: max(0, 20 - len(summary.sample))])
+            dead = [i for i, state, _ in page if state is State.DEAD]
+            live = [(i, urgent) for i, state, urgent in page if state is not State.DEAD]
             if not apply:
                 summary.replayed += len(page)
                 summary.requeued += len(live)
@@ -242,17 +225,10 @@ class Replayer:
         return True
 
     async def _audit_start(self, source: str, filters: dict[str, Any]) -> int:
-        return int(
-            await self._pool.fetchval(db.q("replay_started"), source, self._operator, filters)
-        )
+        return await ledger.replay_started(self._pool, source, self._operator, filters)
 
     async def _audit_finish(self, audit_id: int, summary: ReplaySummary) -> None:
-        await self._pool.execute(
-            db.q("replay_finished"),
-            audit_id,
-            summary.selected,
-            summary.replayed,
-        )
+        await ledger.replay_finished(self._pool, audit_id, summary.selected, summary.replayed)
         log.info(
             "replay finished",
             extra={

@@ -157,7 +157,7 @@ class PublishRun:
         now = self._clock.now()
         # Without a scheduled time from the caller, the run is as late as the oldest
         # occurrence it is about to fire: that is the lag a reminder's receiver sees.
-        oldest_due = await self._pool.fetchval(db.q("oldest_due"), now)
+        oldest_due = await ledger.oldest_due(self._pool, now)
         intended = intended_fire_at or min(oldest_due or now, now)
         kind = "rescue" if rescue_only else "publish"
         started = await runs.start(self._pool, kind, intended, socket.gethostname())
@@ -203,18 +203,12 @@ class PublishRun:
     async def _admit_batch(self, now: datetime) -> list[tuple[int, bool]] | None:
         """Admit one batch in one transaction; its new pending rows, or None if none due."""
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                db.q("lock_due_reminders"), now, self._settings.publish_batch_size
-            )
+            rows = await ledger.lock_due_reminders(conn, now, self._settings.publish_batch_size)
             if not rows:
                 return None
             new, advances = plan_batch(rows, now, self._settings)
             inserted = await ledger.insert_deliveries(conn, new, self.run_id)
-            await conn.execute(
-                db.q("advance_reminders"),
-                [reminder_id for reminder_id, _ in advances],
-                [at for _, at in advances],
-            )
+            await ledger.advance_reminders(conn, advances)
         self.counts.due += len(new)
         self.counts.created += len(inserted)
         self.counts.skipped += sum(1 for _, _, state in inserted if state is State.SKIPPED)

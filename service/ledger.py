@@ -296,6 +296,45 @@ async def disable_destination(executor: Executor, destination: str, reason: str)
     await executor.execute(q("disable_destination"), destination, reason)
 
 
+async def enable_destination(conn: Connection, destination: str) -> int | None:
+    """Accept sends to a disabled destination again and reactivate its reminders, in one
+    transaction; how many reminders came back, or None if it was not disabled."""
+    async with conn.transaction():
+        if await conn.fetchval(q("enable_destination"), destination) is None:
+            return None
+        return int(await conn.fetchval(q("reactivate_destination_reminders"), destination))
+
+
+async def cancel_reminder(executor: Executor, reminder_id: str) -> bool:
+    """Stop a reminder: no new occurrences, and its queued sends are skipped at send time
+    (the consumer reads ``active`` again right before each request). False if it was not
+    active."""
+    return await executor.fetchval(q("cancel_reminder"), reminder_id) is not None
+
+
+async def oldest_due(executor: Executor, now: datetime) -> datetime | None:
+    """The earliest next occurrence of an active reminder that is due by ``now``."""
+    result: datetime | None = await executor.fetchval(q("oldest_due"), now)
+    return result
+
+
+async def lock_due_reminders(conn: Connection, now: datetime, limit: int) -> list[asyncpg.Record]:
+    """Lock one admission batch of due reminders (inside the caller's transaction).
+
+    SKIP LOCKED lets overlapping publish runs share the work without waiting.
+    """
+    return list(await conn.fetch(q("lock_due_reminders"), now, limit))
+
+
+async def advance_reminders(
+    conn: Connection, advances: Sequence[tuple[str, datetime | None]]
+) -> None:
+    """Move each reminder's next occurrence on (None: nothing more to fire)."""
+    await conn.execute(
+        q("advance_reminders"), [rid for rid, _ in advances], [at for _, at in advances]
+    )
+
+
 @dataclass(frozen=True)
 class NewDelivery:
     """One owed occurrence for ``insert_deliveries``."""
@@ -366,6 +405,54 @@ async def reset_for_replay(executor: Executor, ids: Sequence[int]) -> list[tuple
         return []
     rows = await _retry_on_conflict(lambda: executor.fetch(q("reset_for_replay"), list(ids)))
     return [(r["id"], r["urgent"]) for r in rows]
+
+
+@dataclass(frozen=True)
+class ReplayFilter:
+    """Which rows a ledger replay selects (None: any)."""
+
+    states: tuple[State, ...] = (State.DEAD,)
+    since: datetime | None = None
+    until: datetime | None = None
+    run_id: int | None = None
+    reminder_id: str | None = None
+    provider: str | None = None
+    channel: str | None = None
+    key: str | None = None
+    last_status: int | None = None
+
+
+async def select_for_replay(
+    executor: Executor, selection: ReplayFilter, after_id: int, limit: int
+) -> list[tuple[int, State, bool]]:
+    """One page (id, state, urgent) of rows matching ``selection``, after ``after_id``."""
+    rows = await executor.fetch(
+        q("replay_select"),
+        [s.value for s in selection.states],
+        selection.since,
+        selection.until,
+        selection.run_id,
+        selection.reminder_id,
+        selection.provider,
+        selection.channel,
+        selection.key,
+        selection.last_status,
+        after_id,
+        limit,
+    )
+    return [(r["id"], State(r["state"]), r["urgent"]) for r in rows]
+
+
+async def replay_started(
+    executor: Executor, source: str, operator: str, filters: dict[str, Any]
+) -> int:
+    """Record who started a replay, from where and with which filters; its id."""
+    return int(await executor.fetchval(q("replay_started"), source, operator, filters))
+
+
+async def replay_finished(executor: Executor, replay_id: int, selected: int, replayed: int) -> None:
+    """Record how a replay ended."""
+    await executor.execute(q("replay_finished"), replay_id, selected, replayed)
 
 
 async def state_of(executor: Executor, delivery_id: int) -> tuple[State, bool] | None:

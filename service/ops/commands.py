@@ -17,7 +17,7 @@ from typing import TextIO
 
 import asyncpg
 
-from service import db, errors, netpolicy, runs, schedule
+from service import db, errors, ledger, netpolicy, runs, schedule
 from service.ops import partner as partner_mod
 from service.ops import reminders
 from service.ops import status as status_mod
@@ -126,8 +126,8 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
 
 async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
-        done = await pool.fetchval(db.q("cancel_reminder"), args.id)
-    if done is None:
+        done = await ledger.cancel_reminder(pool, args.id)
+    if not done:
         print(f"relay: no active reminder {args.id!r}", file=sys.stderr)
         return errors.ExitCode.INCOMPLETE
     print(f"cancelled {args.id}: no new occurrences; queued sends will be skipped")
@@ -198,12 +198,11 @@ async def destinations_list(args: argparse.Namespace, settings: Settings) -> int
 
 
 async def destinations_enable(args: argparse.Namespace, settings: Settings) -> int:
-    async with _pool(settings) as pool, pool.acquire() as conn, conn.transaction():
-        found = await conn.fetchval(db.q("enable_destination"), args.destination)
-        if found is None:
-            print(f"relay: {args.destination!r} is not disabled", file=sys.stderr)
-            return errors.ExitCode.INCOMPLETE
-        count = await conn.fetchval(db.q("reactivate_destination_reminders"), args.destination)
+    async with _pool(settings) as pool, pool.acquire() as conn:
+        count = await ledger.enable_destination(conn, args.destination)
+    if count is None:
+        print(f"relay: {args.destination!r} is not disabled", file=sys.stderr)
+        return errors.ExitCode.INCOMPLETE
     print(
         f"enabled; {count} reminders reactivated (their next occurrence is recomputed "
         "by their missed-fire policy)"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from consumer import run as consumer_run
+from consumer import build as consumer_build
 from service import netpolicy, settings
 from service.ops import partner as partner_mod
 from service.ops import reminders
@@ -184,7 +184,7 @@ def test_env_vars_are_real_settings_and_load(monkeypatch: pytest.MonkeyPatch) ->
             monkeypatch.setenv(key, value)
         loaded = settings.load()
         # The consumer's channel set-up validates the signing secret and the allow list.
-        consumer_run.build_channels(loaded)
+        consumer_build.channels(loaded)
 
 
 def test_allow_list_admits_exactly_the_partner() -> None:

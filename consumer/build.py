@@ -1,0 +1,156 @@
+"""Builders of the consumer's parts from settings, for its composition root (run.py).
+
+Nothing here opens a connection: the root opens the servers and hands them in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import asyncpg
+from opentelemetry import trace
+
+from consumer import budget, delivery, gate, isolation, retry, store, worker
+from consumer.channels.base import Channel
+from consumer.outage import DatabaseWatch
+from service import amqp, errors, netpolicy
+from service.clock import SystemClock
+from service.crashpoints import CrashPoints
+from service.settings import Settings
+from service.telemetry import Metrics
+
+
+def channels(settings: Settings) -> dict[str, Channel]:
+    """The channel adapters this process can send through (email/SMS when configured)."""
+    from consumer.channels import email, sms, webhook
+
+    try:
+        channels: dict[str, Channel] = {
+            "webhook": webhook.WebhookChannel(
+                webhook.WebhookConfig(
+                    timeout_seconds=settings.http_timeout_seconds,
+                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
+                    signing_secrets=tuple(
+                        s.get_secret_value() for s in settings.webhook_signing_secrets
+                    ),
+                    allow_networks=tuple(netpolicy.parse_networks(settings.allow_networks)),
+                    # Requests never queue inside the HTTP client: isolation caps each
+                    # destination first, so the client's limits match it.
+                    connection_limit=settings.prefetch,
+                    connection_limit_per_host=destination_share(settings),
+                )
+            )
+        }
+        if settings.email_api_key.get_secret_value():
+            channels["email"] = email.EmailChannel(
+                email.EmailConfig(
+                    api_key=settings.email_api_key,
+                    sender=settings.email_sender,
+                    base_url=settings.email_api_base_url,
+                    timeout_seconds=settings.http_timeout_seconds,
+                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
+                )
+            )
+        if settings.sms_account_sid:
+            channels["sms"] = sms.SmsChannel(
+                sms.SmsConfig(
+                    account_sid=settings.sms_account_sid,
+                    auth_token=settings.sms_auth_token,
+                    from_number=settings.sms_from_number or None,
+                    messaging_service_sid=settings.sms_messaging_service_sid or None,
+                    base_url=settings.sms_api_base_url,
+                    timeout_seconds=settings.http_timeout_seconds,
+                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
+                )
+            )
+    except ValueError as exc:
+        # The adapters' own checks name the field; never the secret's value.
+        raise errors.ConfigError(f"channel settings: {exc}") from None
+    return channels
+
+
+def destination_share(settings: Settings) -> int:
+    """Sends one destination may have in flight in this process."""
+    return max(1, int(settings.prefetch * settings.destination_max_share))
+
+
+def destination_guard(settings: Settings) -> isolation.DestinationGuard:
+    """Each destination's share of this process and its circuit breaker."""
+    return isolation.DestinationGuard(
+        max_in_flight=destination_share(settings),
+        failure_threshold=settings.breaker_failure_threshold,
+        cooldown_seconds=settings.breaker_cooldown_seconds,
+        max_wait_seconds=settings.destination_wait_seconds,
+    )
+
+
+def policy(settings: Settings) -> retry.RetryPolicy:
+    return retry.RetryPolicy(
+        base_seconds=settings.retry_base_seconds,
+        multiplier=settings.retry_multiplier,
+        max_seconds=settings.retry_max_seconds,
+        retry_after_max_seconds=settings.retry_after_max_seconds,
+        max_attempts=settings.max_attempts,
+        max_attempts_by_channel=retry.parse_attempts_by_channel(settings.max_attempts_per_channel),
+    )
+
+
+async def worker_for(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    watch: DatabaseWatch,
+    publisher: amqp.ConfirmedPublisher,
+    adapters: Mapping[str, Channel],
+    metrics: Metrics,
+    tracer: trace.Tracer | None,
+    *,
+    on_broker_failure: Callable[[], None],
+) -> worker.Worker:
+    """The worker with everything it needs: budgets, store, gate, deliverer."""
+    budgets = budget.Budgets(
+        pool,
+        budget.parse_budgets(settings.budgets),
+        urgent_reserve_fraction=settings.budget_urgent_reserve,
+    )
+    await budgets.setup()  # every replica writes the same configured budgets
+    stopping = asyncio.Event()
+    ledger_store = store.Store(
+        pool,
+        watch,
+        lease_seconds=settings.lease_seconds,
+        batch_max=settings.write_batch_max,
+        # Few concurrent flushes make each one bigger: fewer round trips.
+        concurrency=max(1, min(2, settings.database_pool_size - 2)),
+        stopping=stopping,
+    )
+    ledger_store.start()
+    crash = CrashPoints(settings.crash_at)
+    deliverer = delivery.Deliverer(
+        store=ledger_store,
+        gate=gate.Gate(
+            guard=destination_guard(settings),
+            budgets=budgets,
+            metrics=metrics,
+            lease_seconds=settings.lease_seconds,
+            send_timeout_seconds=settings.http_timeout_seconds,
+            budget_max_wait_seconds=settings.budget_max_wait_seconds,
+        ),
+        channels=adapters,
+        policy=policy(settings),
+        metrics=metrics,
+        clock=SystemClock(),
+        budgets_pause=budgets.pause,
+        crash=crash,
+    )
+    return worker.Worker(
+        store=ledger_store,
+        deliverer=deliverer,
+        publisher=publisher,
+        config=worker.WorkerConfig(send_timeout_seconds=settings.http_timeout_seconds),
+        metrics=metrics,
+        stopping=stopping,
+        on_broker_failure=on_broker_failure,
+        crash=crash,
+        tracer=tracer,
+    )
