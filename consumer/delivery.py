@@ -91,7 +91,7 @@ class Deliverer:
             if self._now() - claimed_at > _RECHECK_AFTER_SECONDS:
                 check = await self._store.check(row.id, row.attempts)
                 if check is None or not check.claim_held:
-                    return self._claim_lost(row)
+                    return await self._claim_lost(row)
                 verdict = decisions.verdict(check.facts, has_destination=has_destination)
                 if not isinstance(verdict, decisions.Send):
                     slot.give_back(failed=None)
@@ -225,7 +225,14 @@ class Deliverer:
         log.info("claim given back at shutdown", extra={"event": "given_back", **_fields(row)})
         return GiveBack(amqp.lane_of(row.urgent))
 
-    def _claim_lost(self, row: Claimed) -> Disposition:
+    async def _claim_lost(self, row: Claimed) -> Disposition:
+        """The lease ran out while the send waited (e.g. through a database outage).
+
+        Nothing was sent. If no one took the row meanwhile, the claim is released (no
+        attempt counted) and the message handed back; else the new holder has it."""
+        if await self._store.release(row.id, row.attempts, None):
+            log.info("lease ran out before sending; handed back", extra=_fields_event(row))
+            return GiveBack(amqp.lane_of(row.urgent))
         log.warning(
             "claim lost before sending; left to its new holder",
             extra={"event": "claim_lost", **_fields(row)},
@@ -250,6 +257,10 @@ def _fields(row: Claimed) -> dict[str, Any]:
         "run_id": row.run_id,
         "attempt": row.attempts,
     }
+
+
+def _fields_event(row: Claimed) -> dict[str, Any]:
+    return {"event": "lease_expired_unsent", **_fields(row)}
 
 
 def _reason_label(reason: str) -> str:

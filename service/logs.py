@@ -42,6 +42,11 @@ def setup(level: str = "INFO", stream: Any = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+    # Libraries (asyncpg, aiormq, aio-pika, aiohttp) log through the root logger: the same
+    # JSON lines, warnings and worse only, so a stream holds nothing but JSON.
+    libraries = logging.getLogger()
+    libraries.handlers[:] = [handler]
+    libraries.setLevel(logging.WARNING)
 
 
 def get(name: str) -> logging.Logger:
