@@ -9,20 +9,17 @@ import signal
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import asyncpg
 import pytest
-from aiohttp import web
 from pydantic import SecretStr
 
 from examples.holds import worker as holds
 from service import db
-from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
+from tests.support.email_api import API_KEY, SENDER, FakeEmailApi, serve_email_api
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,43 +30,10 @@ async def _one(pool: asyncpg.Pool, sql: str, *args: object) -> asyncpg.Record:
     return row
 
 
-API_KEY = "re_test"
-SENDER = "Holds <holds@example.com>"
-
-
-@dataclass
-class FakeEmailApi:
-    """A Resend-shaped ``POST /emails`` that honours Idempotency-Key and counts."""
-
-    port: int = 0
-    requests: Counter[str] = field(default_factory=Counter)  # key -> requests
-    first_body: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> body
-    ids: dict[str, str] = field(default_factory=dict)  # key -> email id answered
-    unauthorized: int = 0
-
-    async def emails(self, request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != f"Bearer {API_KEY}":
-            self.unauthorized += 1
-            return web.json_response(
-                {"statusCode": 401, "name": "missing_api_key", "message": "no"}, status=401
-            )
-        key = request.headers.get("Idempotency-Key", "")
-        body = await request.json()
-        self.requests[key] += 1
-        if key not in self.ids:  # a repeated key gets the original answer, no new email
-            self.ids[key] = f"email-{len(self.ids) + 1}"
-            self.first_body[key] = body
-        return web.json_response({"id": self.ids[key]})
-
-
 @pytest.fixture
 async def email_api() -> AsyncIterator[FakeEmailApi]:
-    api = FakeEmailApi()
-    app = web.Application()
-    app.router.add_post("/emails", api.emails)
-    runner, api.port = await partner_mod.serve(app)
-    yield api
-    await runner.cleanup()
+    async with serve_email_api() as api:
+        yield api
 
 
 @pytest.fixture
