@@ -135,16 +135,28 @@ def json_reply(status: int, obj: Any, headers: dict[str, str] | None = None) -> 
 
 @dataclass
 class RawServer:
-    """Raw TCP server on 127.0.0.1 that counts connections and never answers."""
+    """Raw TCP server on 127.0.0.1 that counts connections and never answers.
+
+    It keeps every byte it receives and sets ``hung_up`` when a client closes or
+    resets its connection: with a server that never answers, only the client's
+    own timeout can do that.
+    """
 
     accepted: int = 0
+    received: bytearray = field(default_factory=bytearray)
+    hung_up: asyncio.Event = field(default_factory=asyncio.Event)
     server: asyncio.Server | None = None
     port: int = 0
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
         try:
-            await reader.read()  # hold the connection open until the client gives up
+            # Hold the connection open, never writing, until the client gives up.
+            while chunk := await reader.read(65536):
+                self.received += chunk
+            self.hung_up.set()
+        except ConnectionResetError:
+            self.hung_up.set()
         finally:
             writer.close()
 
