@@ -171,7 +171,6 @@ class EmailChannel:
             now=now,
             response_excerpt=text,
             detail=f"resend {name}" if name else None,
-            extra={"provider_error": name} if name else None,
         )
         if status == 429 and outcome.retry_after_seconds is None:
             # Resend also sends ratelimit-reset (seconds until the window resets).

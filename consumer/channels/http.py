@@ -161,7 +161,6 @@ def classify_status(
     response_excerpt: str | None = None,
     detail: str | None = None,
     gone_disables: bool = False,
-    extra: Mapping[str, str] | None = None,
 ) -> Outcome:
     """Classify a non-2xx status the same way for every HTTP adapter.
 
@@ -173,7 +172,6 @@ def classify_status(
     recipient.
     """
     error = f"http {status}" if detail is None else detail
-    more = dict(extra or {})
     retry_after = parse_retry_after(headers.get("Retry-After"), now)
 
     def outcome(kind: OutcomeKind, err: str, **kw: Any) -> Outcome:
@@ -182,7 +180,6 @@ def classify_status(
             http_status=status,
             error=err,
             response_excerpt=response_excerpt,
-            extra=more,
             **kw,
         )
 
@@ -208,15 +205,13 @@ def classify_status(
 def transport_outcome(exc: BaseException) -> Outcome:
     """Map a transport failure to a RETRY outcome.
 
-    ``extra["possibly_delivered"]`` is "false" only when the failure happened
-    before any byte of the request could reach the server (connect failures);
+    ``possibly_delivered`` is False only when the failure happened before any
+    byte of the request could reach the server (connect failures, DNS);
     otherwise the provider may have acted on it, and the retry reuses the key.
-    The error text is a fixed phrase plus the exception type, never the
-    exception message (aiohttp puts the URL and host into those).
+    The error text is a fixed phrase, never the exception message (aiohttp puts
+    the URL and host into those).
     """
-    kind = type(exc).__name__
     connect_phase = isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
-    possibly = "false" if connect_phase else "true"
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         error = "dns error"
     elif isinstance(exc, aiohttp.ConnectionTimeoutError):
@@ -225,11 +220,7 @@ def transport_outcome(exc: BaseException) -> Outcome:
         error = "timeout"
     else:
         error = "connection error"
-    return Outcome(
-        kind=OutcomeKind.RETRY,
-        error=error,
-        extra={"exception": kind, "possibly_delivered": possibly},
-    )
+    return Outcome(kind=OutcomeKind.RETRY, error=error, possibly_delivered=not connect_phase)
 
 
 @dataclass(frozen=True)
@@ -358,7 +349,7 @@ def check_positive(config: object, *names: str) -> None:
 
 def rejected(error: str) -> Outcome:
     """A REJECTED outcome made before any request (bad payload, refused destination)."""
-    return Outcome(kind=OutcomeKind.REJECTED, error=error)
+    return Outcome(kind=OutcomeKind.REJECTED, error=error, possibly_delivered=False)
 
 
 # Sent as a header value, so visible ASCII only; Resend caps keys at 256 characters.

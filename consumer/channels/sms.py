@@ -25,7 +25,7 @@ are never copied into an Outcome, and neither is the success body.
 Idempotency: Twilio's Messages API has no idempotency key. Duplicates are
 prevented only by the ledger's claim on the delivery. An attempt that times out
 or loses the connection after the request was sent is RETRY with
-``extra["possibly_delivered"] == "true"``, and the retry may send a second SMS.
+``Outcome.possibly_delivered`` True, and the retry may send a second SMS.
 The key is still sent as an ``Idempotency-Key`` header, which Twilio ignores:
 it is harmless, and it lets an egress proxy or a provider fake correlate
 attempts.
@@ -161,12 +161,10 @@ class SmsChannel:
         status = reply.status
         if 200 <= status < 300:
             sid = http.safe_token(parsed.get("sid"), 64) if parsed else None
-            provider_status = http.safe_token(parsed.get("status"), 32) if parsed else None
             return Outcome(
                 kind=OutcomeKind.ACCEPTED,
                 http_status=status,
                 receipt=sid or f"http {status}",
-                extra={"provider_status": provider_status} if provider_status else {},
             )
 
         code = parsed.get("code") if parsed else None
@@ -184,7 +182,6 @@ class SmsChannel:
             now=datetime.now(UTC),
             response_excerpt=text,
             detail=f"twilio {code_token}" if code_token else None,
-            extra={"provider_error": code_token} if code_token else None,
         )
 
     async def close(self) -> None:

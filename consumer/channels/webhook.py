@@ -274,11 +274,6 @@ class WebhookChannel:
                 return http.rejected(refusal.reason)
             return http.transport_outcome(exc)
 
-        extra: dict[str, str] = {}
-        if reply.body.truncated:
-            extra["response_truncated"] = "true"
-        if not reply.body.complete:
-            extra["response_incomplete"] = "true"
         text = http.excerpt(reply.body.data, cfg.max_response_excerpt_bytes)
         if 200 <= reply.status < 300:
             return Outcome(
@@ -286,7 +281,6 @@ class WebhookChannel:
                 http_status=reply.status,
                 receipt=self._receipt(reply.status, reply.headers),
                 response_excerpt=text,
-                extra=extra,
             )
         return http.classify_status(
             reply.status,
@@ -294,7 +288,6 @@ class WebhookChannel:
             now=datetime.now(UTC),
             response_excerpt=text,
             gone_disables=True,
-            extra=extra,
         )
 
     async def close(self) -> None:

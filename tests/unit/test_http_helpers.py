@@ -118,6 +118,7 @@ def test_classify_status_table(status: int, kind: OutcomeKind, error: str) -> No
     assert outcome.error == error
     assert outcome.http_status == status
     assert outcome.disable_destination is False
+    assert outcome.possibly_delivered is True  # the server answered: it had the request
 
 
 def test_classify_status_gone_and_retry_after_and_detail() -> None:
@@ -141,18 +142,16 @@ def test_classify_status_gone_and_retry_after_and_detail() -> None:
 def test_transport_outcome_mapping() -> None:
     timeout = transport_outcome(TimeoutError())
     assert (timeout.kind, timeout.error) == (OutcomeKind.RETRY, "timeout")
-    assert timeout.extra["possibly_delivered"] == "true"
+    assert timeout.possibly_delivered is True
 
     connect_timeout = transport_outcome(aiohttp.ConnectionTimeoutError())
     assert connect_timeout.error == "connect timeout"
-    assert connect_timeout.extra["possibly_delivered"] == "false"
+    assert connect_timeout.possibly_delivered is False
 
     disconnected = transport_outcome(aiohttp.ServerDisconnectedError())
     assert disconnected.error == "connection error"
-    assert disconnected.extra == {
-        "exception": "ServerDisconnectedError",
-        "possibly_delivered": "true",
-    }
+    assert disconnected.kind is OutcomeKind.RETRY
+    assert disconnected.possibly_delivered is True
 
     secret_message = transport_outcome(aiohttp.ClientOSError(111, "http://h/tok_s3cr3t"))
     assert "tok_s3cr3t" not in repr(secret_message)
@@ -178,6 +177,7 @@ def test_rejected_key(key: str, ok: bool) -> None:
     else:
         assert outcome is not None
         assert (outcome.kind, outcome.error) == (OutcomeKind.REJECTED, "invalid idempotency key")
+        assert outcome.possibly_delivered is False
 
 
 @dataclass(frozen=True)

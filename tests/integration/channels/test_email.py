@@ -97,6 +97,7 @@ async def test_email_payload_problems_rejected_without_request(
         outcome = await ch.send(make_request(RECIPIENT, payload))
     assert outcome.kind is OutcomeKind.REJECTED
     assert outcome.error == error
+    assert outcome.possibly_delivered is False
     assert srv.seen == []
 
 
@@ -118,7 +119,7 @@ async def test_email_provider_error_reported_by_name_only() -> None:
     assert outcome.kind is OutcomeKind.REJECTED
     assert outcome.http_status == 403
     assert outcome.error == "resend validation_error"
-    assert outcome.extra["provider_error"] == "validation_error"
+    assert outcome.response_excerpt == "validation_error"
     assert_no_leak(outcome, RECIPIENT, "testing emails")
 
 

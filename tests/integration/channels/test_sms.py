@@ -58,7 +58,7 @@ async def test_sms_request_shape_and_receipt() -> None:
     assert outcome.kind is OutcomeKind.ACCEPTED
     assert outcome.http_status == 201
     assert outcome.receipt == "SM" + "a" * 32
-    assert outcome.extra == {"provider_status": "queued"}
+    assert outcome.possibly_delivered is True
     assert outcome.response_excerpt is None
     [seen] = srv.seen
     assert seen.method == "POST"
@@ -97,7 +97,7 @@ async def test_sms_twilio_error_code_rejected_without_message() -> None:
     assert outcome.kind is OutcomeKind.REJECTED
     assert outcome.http_status == 400
     assert outcome.error == "twilio 21211"
-    assert outcome.extra["provider_error"] == "21211"
+    assert outcome.response_excerpt == "twilio 21211"
     assert_no_leak(outcome, TO, "valid phone")
 
 
@@ -133,6 +133,7 @@ async def test_sms_request_problems_rejected_without_request(
         outcome = await ch.send(make_request(destination, payload))
     assert outcome.kind is OutcomeKind.REJECTED
     assert outcome.error == error
+    assert outcome.possibly_delivered is False
     assert srv.seen == []
 
 
@@ -156,7 +157,7 @@ async def test_sms_connection_refused_is_retry_not_delivered(refused_port: int) 
         await channel.close()
     assert outcome.kind is OutcomeKind.RETRY
     assert outcome.error == "connection error"
-    assert outcome.extra["possibly_delivered"] == "false"
+    assert outcome.possibly_delivered is False
     assert_no_leak(outcome, AUTH_TOKEN, ACCOUNT_SID)
 
 
