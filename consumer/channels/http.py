@@ -324,7 +324,7 @@ class SharedSession:
         return self._session
 
     async def close(self) -> None:
-        """Close the session, then the resolver it was given; safe to call twice."""
+        """Close the session, then the resolver it built; safe to call twice."""
         self._closed = True
         session, self._session = self._session, None
         resolver, self._resolver = self._resolver, None
