@@ -8,7 +8,7 @@ budgets) belongs to the retry policy, persistence to the consume loop.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -46,7 +46,12 @@ class Outcome:
     retry_after_seconds: float | None = None  # from Retry-After or a provider throttle signal
     response_excerpt: str | None = None  # bounded, for support work
     disable_destination: bool = False  # 410 Gone: stop sending to this destination
-    extra: dict[str, str] = field(default_factory=dict)
+    # False only when no byte of the request can have reached the provider: the
+    # adapter refused before sending (bad payload or key, refused destination) or
+    # the connection failed. True for every answer, and for failures after
+    # connecting (timeout, reset), where the provider may have acted on the
+    # request: a retry must reuse the key and may still duplicate (SMS).
+    possibly_delivered: bool = True
 
 
 class Channel(Protocol):

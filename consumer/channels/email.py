@@ -36,31 +36,16 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-import aiohttp
 from pydantic import SecretStr
 
+from consumer.channels import http
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
-from consumer.channels.http import (
-    HttpReply,
-    SharedSession,
-    check_provider_config,
-    classify_status,
-    excerpt,
-    parse_retry_after,
-    post_bounded,
-    rejected,
-    safe_token,
-    secret_value,
-    transport_outcome,
-    try_json_object,
-)
 
 __all__ = ["EmailChannel", "EmailConfig"]
 
 # Deliberately loose: the provider validates addresses properly. We only keep
 # out things that could change the request's meaning (lists, CR/LF, brackets).
 _ADDRESS = re.compile(r"[^@\s<>,;\"]{1,64}@[^@\s<>,;\"]{1,255}")
-_KEY = re.compile(r"[\x21-\x7e]{1,256}")  # Resend: 1-256 chars
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,18 +65,11 @@ class EmailConfig:
     trust_env: bool = False  # honour HTTP(S)_PROXY for the provider connection
 
     def __post_init__(self) -> None:
-        if not secret_value(self.api_key):
+        if not http.secret_value(self.api_key):
             raise ValueError("api_key is required")
         if not self.sender.strip() or "\r" in self.sender or "\n" in self.sender:
             raise ValueError("sender must be a non-empty single line")
-        check_provider_config(
-            self,
-            "timeout_seconds",
-            "connect_timeout_seconds",
-            "max_request_bytes",
-            "max_response_bytes",
-            "connection_limit",
-        )
+        http.check_provider_config(self, "max_request_bytes")
 
 
 def _build_message(sender: str, request: SendRequest) -> dict[str, object] | str:
@@ -124,7 +102,8 @@ class EmailChannel:
     def __init__(self, config: EmailConfig) -> None:
         self._config = config
         self._url = f"{config.base_url}/emails"
-        self._session = SharedSession(
+        self._session = http.SharedSession(
+            channel=self.name,
             timeout_seconds=config.timeout_seconds,
             connect_timeout_seconds=config.connect_timeout_seconds,
             connection_limit=config.connection_limit,
@@ -135,40 +114,40 @@ class EmailChannel:
         """POST one email and classify the answer; never raises for failures."""
         cfg = self._config
         if not _ADDRESS.fullmatch(request.destination):
-            return rejected("invalid recipient address")
-        if not _KEY.fullmatch(request.idempotency_key):
-            return rejected("invalid idempotency key")
+            return http.rejected("invalid recipient address")
+        if (bad_key := http.rejected_key(request.idempotency_key)) is not None:
+            return bad_key
         message = _build_message(cfg.sender, request)
         if isinstance(message, str):
-            return rejected(message)
+            return http.rejected(message)
         data = json.dumps(message, ensure_ascii=False).encode("utf-8")
         if len(data) > cfg.max_request_bytes:
-            return rejected("payload too large")
+            return http.rejected("payload too large")
 
         headers = {
-            "Authorization": f"Bearer {secret_value(cfg.api_key)}",
+            "Authorization": f"Bearer {http.secret_value(cfg.api_key)}",
             "Idempotency-Key": request.idempotency_key,
             "Content-Type": "application/json",
             "User-Agent": cfg.user_agent,
         }
         try:
-            reply = await post_bounded(
+            reply = await http.post_bounded(
                 self._session.get(),
                 self._url,
                 max_response_bytes=cfg.max_response_bytes,
                 data=data,
                 headers=headers,
             )
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return transport_outcome(exc)
+        except http.TRANSPORT_ERRORS as exc:
+            return http.transport_outcome(exc)
         return self._classify(reply)
 
-    def _classify(self, reply: HttpReply) -> Outcome:
+    def _classify(self, reply: http.HttpReply) -> Outcome:
         cfg = self._config
-        parsed = try_json_object(reply.body.data)
+        parsed = http.try_json_object(reply.body.data)
         status = reply.status
         if 200 <= status < 300:
-            message_id = safe_token(parsed.get("id")) if parsed else None
+            message_id = http.safe_token(parsed.get("id")) if parsed else None
             # The success body is not excerpted: it is the provider's record of
             # our message and may echo recipient data.
             return Outcome(
@@ -177,24 +156,25 @@ class EmailChannel:
                 receipt=message_id or f"http {status}",
             )
 
-        name = safe_token(parsed.get("name"), 64) if parsed else None
+        name = http.safe_token(parsed.get("name"), 64) if parsed else None
         # Structured provider errors are summarised by name only (their
         # messages may quote addresses); a non-JSON body is a gateway page.
         text = (
-            name if parsed is not None else excerpt(reply.body.data, cfg.max_response_excerpt_bytes)
+            name
+            if parsed is not None
+            else http.excerpt(reply.body.data, cfg.max_response_excerpt_bytes)
         )
         now = datetime.now(UTC)
-        outcome = classify_status(
+        outcome = http.classify_status(
             status,
             reply.headers,
             now=now,
             response_excerpt=text,
             detail=f"resend {name}" if name else None,
-            extra={"provider_error": name} if name else None,
         )
         if status == 429 and outcome.retry_after_seconds is None:
             # Resend also sends ratelimit-reset (seconds until the window resets).
-            reset = parse_retry_after(reply.headers.get("ratelimit-reset"), now)
+            reset = http.parse_retry_after(reply.headers.get("ratelimit-reset"), now)
             if reset is not None:
                 return replace(outcome, retry_after_seconds=reset)
         if status == 409 and name == "concurrent_idempotent_requests":

@@ -1,12 +1,15 @@
 """Shared plumbing for the HTTP channel adapters (webhook, email, SMS).
 
-Owns the parts every HTTP adapter must do the same way: parsing Retry-After,
-reading a response body within a byte budget, turning bytes into a bounded
-log-safe excerpt, classifying a status code into an ``Outcome``, and mapping
-transport exceptions (timeouts, refused connections) to retryable outcomes.
+Owns the parts every HTTP adapter must do the same way: the one lazily created
+session per adapter (no cookies, no environment proxies unless asked, an optional
+resolver such as the webhook's address policy), one POST that never follows a
+redirect and reads the body within a byte budget, the config checks every adapter
+shares, the idempotency-key check, turning bytes into a bounded log-safe excerpt,
+classifying a status code into an ``Outcome``, and mapping transport exceptions
+(timeouts, refused connections) to retryable outcomes.
 
-Provider specifics (request shape, receipts, error names) stay in the adapters.
-Nothing here logs, and nothing here ever sees a secret.
+Provider specifics (request shape, signing, receipts, error names) stay in the
+adapters. Nothing here logs, and nothing here ever sees a secret.
 """
 
 from __future__ import annotations
@@ -14,28 +17,37 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import aiohttp
+import yarl
+from aiohttp.abc import AbstractResolver
 from pydantic import SecretStr
 
 from consumer.channels.base import Outcome, OutcomeKind
 from service.netpolicy import url_problem
 
 __all__ = [
+    "TRANSPORT_ERRORS",
     "BoundedBody",
+    "HttpConfig",
     "HttpReply",
+    "ProviderConfig",
     "SharedSession",
+    "check_http_config",
     "check_positive",
+    "check_provider_config",
     "classify_status",
     "excerpt",
     "parse_retry_after",
     "post_bounded",
     "read_bounded",
+    "rejected",
+    "rejected_key",
     "safe_token",
     "secret_value",
     "transport_outcome",
@@ -149,7 +161,6 @@ def classify_status(
     response_excerpt: str | None = None,
     detail: str | None = None,
     gone_disables: bool = False,
-    extra: Mapping[str, str] | None = None,
 ) -> Outcome:
     """Classify a non-2xx status the same way for every HTTP adapter.
 
@@ -161,7 +172,6 @@ def classify_status(
     recipient.
     """
     error = f"http {status}" if detail is None else detail
-    more = dict(extra or {})
     retry_after = parse_retry_after(headers.get("Retry-After"), now)
 
     def outcome(kind: OutcomeKind, err: str, **kw: Any) -> Outcome:
@@ -170,7 +180,6 @@ def classify_status(
             http_status=status,
             error=err,
             response_excerpt=response_excerpt,
-            extra=more,
             **kw,
         )
 
@@ -196,15 +205,13 @@ def classify_status(
 def transport_outcome(exc: BaseException) -> Outcome:
     """Map a transport failure to a RETRY outcome.
 
-    ``extra["possibly_delivered"]`` is "false" only when the failure happened
-    before any byte of the request could reach the server (connect failures);
+    ``possibly_delivered`` is False only when the failure happened before any
+    byte of the request could reach the server (connect failures, DNS);
     otherwise the provider may have acted on it, and the retry reuses the key.
-    The error text is a fixed phrase plus the exception type, never the
-    exception message (aiohttp puts the URL and host into those).
+    The error text is a fixed phrase, never the exception message (aiohttp puts
+    the URL and host into those).
     """
-    kind = type(exc).__name__
     connect_phase = isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
-    possibly = "false" if connect_phase else "true"
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         error = "dns error"
     elif isinstance(exc, aiohttp.ConnectionTimeoutError):
@@ -213,11 +220,7 @@ def transport_outcome(exc: BaseException) -> Outcome:
         error = "timeout"
     else:
         error = "connection error"
-    return Outcome(
-        kind=OutcomeKind.RETRY,
-        error=error,
-        extra={"exception": kind, "possibly_delivered": possibly},
-    )
+    return Outcome(kind=OutcomeKind.RETRY, error=error, possibly_delivered=not connect_phase)
 
 
 @dataclass(frozen=True)
@@ -229,13 +232,22 @@ class HttpReply:
     body: BoundedBody
 
 
+# What ``post_bounded`` raises when the transport fails; map it with ``transport_outcome``.
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError, OSError)
+
+
 async def post_bounded(
-    session: aiohttp.ClientSession, url: str, *, max_response_bytes: int, **kwargs: Any
+    session: aiohttp.ClientSession,
+    url: str | yarl.URL,
+    *,
+    max_response_bytes: int,
+    **kwargs: Any,
 ) -> HttpReply:
     """POST once without following redirects and read a bounded body.
 
-    Transport failures raise (aiohttp.ClientError, TimeoutError, OSError); the
-    caller maps them with ``transport_outcome``.
+    Transport failures raise (``TRANSPORT_ERRORS``); the caller maps them with
+    ``transport_outcome``. Leaving before the body's end closes the connection,
+    so an unread remainder is never drained.
     """
     async with session.post(url, allow_redirects=False, **kwargs) as response:
         body = await read_bounded(response, max_response_bytes)
@@ -243,46 +255,83 @@ async def post_bounded(
 
 
 class SharedSession:
-    """One lazily created ClientSession for a provider adapter.
+    """The one ClientSession of a channel adapter, created lazily and set up the same
+    way for every adapter.
 
-    Created on first use because a session must be made inside the running
-    loop. Creation has no await, so concurrent first sends share one session.
-    Cookies are not kept; environment proxies are honoured only if asked for.
+    Created on first use because a session (and a resolver) must be made inside
+    the running loop; creation has no await, so concurrent first sends share one
+    session. Cookies are never kept (one destination must not see another's).
+    Environment proxies are ignored unless ``trust_env``: a proxy connects on our
+    behalf and would bypass a resolver's address check.
+
+    ``resolver`` builds the DNS resolver the connector asks before every fresh
+    connection (the webhook's address policy); the session owns and closes what it
+    builds. ``connection_limit_per_host`` defaults to ``connection_limit``;
+    ``dns_cache_ttl_seconds=None`` turns aiohttp's DNS cache off, so every new
+    connection resolves (and is checked) again.
     """
 
     def __init__(
         self,
         *,
+        channel: str,
         timeout_seconds: float,
         connect_timeout_seconds: float,
         connection_limit: int,
+        connection_limit_per_host: int | None = None,
         trust_env: bool = False,
+        resolver: Callable[[], AbstractResolver] | None = None,
+        dns_cache_ttl_seconds: int | None = 10,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
     ) -> None:
+        self._channel = channel
         self._timeout = aiohttp.ClientTimeout(
             total=timeout_seconds, sock_connect=connect_timeout_seconds
         )
         self._limit = connection_limit
+        self._limit_per_host = (
+            connection_limit if connection_limit_per_host is None else connection_limit_per_host
+        )
         self._trust_env = trust_env
+        self._make_resolver = resolver
+        self._dns_cache_ttl_seconds = dns_cache_ttl_seconds
+        self._trace_configs = list(trace_configs)
         self._session: aiohttp.ClientSession | None = None
+        self._resolver: AbstractResolver | None = None
         self._closed = False
 
     def get(self) -> aiohttp.ClientSession:
+        """The session, created on the first call; RuntimeError after ``close()``."""
         if self._closed:
-            raise RuntimeError("channel is closed")
+            raise RuntimeError(f"{self._channel} channel is closed")
         if self._session is None:
+            if self._make_resolver is not None:
+                self._resolver = self._make_resolver()
+            connector = aiohttp.TCPConnector(
+                limit=self._limit,
+                limit_per_host=self._limit_per_host,
+                resolver=self._resolver,  # None: aiohttp's default, owned by the connector
+                use_dns_cache=self._dns_cache_ttl_seconds is not None,
+                ttl_dns_cache=self._dns_cache_ttl_seconds,
+            )
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit),
+                connector=connector,
                 timeout=self._timeout,
                 trust_env=self._trust_env,
                 cookie_jar=aiohttp.DummyCookieJar(),
+                trace_configs=self._trace_configs or None,
             )
         return self._session
 
     async def close(self) -> None:
+        """Close the session, then the resolver it built; safe to call twice."""
         self._closed = True
         session, self._session = self._session, None
+        resolver, self._resolver = self._resolver, None
         if session is not None:
             await session.close()
+        if resolver is not None:
+            await resolver.close()
 
 
 def secret_value(secret: SecretStr | str) -> str:
@@ -300,14 +349,29 @@ def check_positive(config: object, *names: str) -> None:
 
 def rejected(error: str) -> Outcome:
     """A REJECTED outcome made before any request (bad payload, refused destination)."""
-    return Outcome(kind=OutcomeKind.REJECTED, error=error)
+    return Outcome(kind=OutcomeKind.REJECTED, error=error, possibly_delivered=False)
 
 
-class ProviderConfig(Protocol):
-    """What ``check_provider_config`` reads of an API adapter's config."""
+# Sent as a header value, so visible ASCII only; Resend caps keys at 256 characters.
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,256}")
+
+
+def rejected_key(key: str) -> Outcome | None:
+    """A REJECTED outcome if ``key`` cannot be sent as an idempotency key, else None."""
+    return None if _IDEMPOTENCY_KEY.fullmatch(key) else rejected("invalid idempotency key")
+
+
+class HttpConfig(Protocol):
+    """What every HTTP adapter's config has, read by ``check_http_config``."""
 
     @property
-    def base_url(self) -> str: ...
+    def timeout_seconds(self) -> float: ...
+
+    @property
+    def connect_timeout_seconds(self) -> float: ...
+
+    @property
+    def connection_limit(self) -> int: ...
 
     @property
     def max_response_bytes(self) -> int: ...
@@ -316,14 +380,30 @@ class ProviderConfig(Protocol):
     def max_response_excerpt_bytes(self) -> int: ...
 
 
-def check_provider_config(config: ProviderConfig, *positive: str) -> None:
-    """The checks every HTTP API adapter's config shares: a well-formed ``base_url``
-    (stored without its trailing slash), the named fields positive, and the response
-    excerpt no longer than what is read."""
+_POSITIVE = ("timeout_seconds", "connect_timeout_seconds", "max_response_bytes", "connection_limit")
+
+
+def check_http_config(config: HttpConfig, *also_positive: str) -> None:
+    """The checks every HTTP adapter's config shares: timeouts, the response read
+    budget and the connection limit (and the named fields) positive, and the
+    response excerpt no longer than what is read. Raises ValueError naming the field."""
+    check_positive(config, *_POSITIVE, *also_positive)
+    if not 0 <= config.max_response_excerpt_bytes <= config.max_response_bytes:
+        raise ValueError("max_response_excerpt_bytes must be within 0..max_response_bytes")
+
+
+class ProviderConfig(HttpConfig, Protocol):
+    """What ``check_provider_config`` reads of a provider API adapter's config."""
+
+    @property
+    def base_url(self) -> str: ...
+
+
+def check_provider_config(config: ProviderConfig, *also_positive: str) -> None:
+    """``check_http_config`` plus a well-formed ``base_url``, stored without its
+    trailing slash."""
     problem = url_problem(config.base_url)
     if problem is not None:
         raise ValueError(f"base_url: {problem}")
     object.__setattr__(config, "base_url", config.base_url.rstrip("/"))
-    check_positive(config, *positive)
-    if not 0 <= config.max_response_excerpt_bytes <= config.max_response_bytes:
-        raise ValueError("max_response_excerpt_bytes must be within 0..max_response_bytes")
+    check_http_config(config, *also_positive)

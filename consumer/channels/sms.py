@@ -25,7 +25,7 @@ are never copied into an Outcome, and neither is the success body.
 Idempotency: Twilio's Messages API has no idempotency key. Duplicates are
 prevented only by the ledger's claim on the delivery. An attempt that times out
 or loses the connection after the request was sent is RETRY with
-``extra["possibly_delivered"] == "true"``, and the retry may send a second SMS.
+``Outcome.possibly_delivered`` True, and the retry may send a second SMS.
 The key is still sent as an ``Idempotency-Key`` header, which Twilio ignores:
 it is harmless, and it lets an egress proxy or a provider fake correlate
 attempts.
@@ -38,23 +38,10 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import aiohttp
 from pydantic import SecretStr
 
+from consumer.channels import http
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
-from consumer.channels.http import (
-    HttpReply,
-    SharedSession,
-    check_provider_config,
-    classify_status,
-    excerpt,
-    post_bounded,
-    rejected,
-    safe_token,
-    secret_value,
-    transport_outcome,
-    try_json_object,
-)
 
 __all__ = ["MAX_BODY_CHARS", "SmsChannel", "SmsConfig"]
 
@@ -62,7 +49,6 @@ MAX_BODY_CHARS = 1600  # Twilio's limit for one (concatenated) message body
 _E164 = re.compile(r"\+[1-9][0-9]{1,14}")
 _ACCOUNT_SID = re.compile(r"AC[0-9a-fA-F]{32}")
 _SERVICE_SID = re.compile(r"MG[0-9a-fA-F]{32}")
-_KEY = re.compile(r"[\x21-\x7e]{1,256}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +75,7 @@ class SmsConfig:
     def __post_init__(self) -> None:
         if not _ACCOUNT_SID.fullmatch(self.account_sid):
             raise ValueError("account_sid must be 'AC' followed by 32 hex digits")
-        if not secret_value(self.auth_token):
+        if not http.secret_value(self.auth_token):
             raise ValueError("auth_token is required")
         if (self.from_number is None) == (self.messaging_service_sid is None):
             raise ValueError("set exactly one of from_number and messaging_service_sid")
@@ -99,13 +85,7 @@ class SmsConfig:
             self.messaging_service_sid
         ):
             raise ValueError("messaging_service_sid must be 'MG' followed by 32 hex digits")
-        check_provider_config(
-            self,
-            "timeout_seconds",
-            "connect_timeout_seconds",
-            "max_response_bytes",
-            "connection_limit",
-        )
+        http.check_provider_config(self)
 
 
 def _utf16_len(text: str) -> int:
@@ -122,9 +102,10 @@ class SmsChannel:
         self._url = f"{config.base_url}/2010-04-01/Accounts/{config.account_sid}/Messages.json"
         # Built by hand: aiohttp.BasicAuth is deprecated in 3.14 and
         # encode_basic_auth does not exist in older 3.x releases we allow.
-        credentials = f"{config.account_sid}:{secret_value(config.auth_token)}"
+        credentials = f"{config.account_sid}:{http.secret_value(config.auth_token)}"
         self._authorization = "Basic " + base64.b64encode(credentials.encode()).decode()
-        self._session = SharedSession(
+        self._session = http.SharedSession(
+            channel=self.name,
             timeout_seconds=config.timeout_seconds,
             connect_timeout_seconds=config.connect_timeout_seconds,
             connection_limit=config.connection_limit,
@@ -153,13 +134,13 @@ class SmsChannel:
     async def send(self, request: SendRequest) -> Outcome:
         """POST one message and classify the answer; never raises for failures."""
         cfg = self._config
-        if not _KEY.fullmatch(request.idempotency_key):
-            return rejected("invalid idempotency key")
+        if (bad_key := http.rejected_key(request.idempotency_key)) is not None:
+            return bad_key
         form = self._form(request)
         if isinstance(form, str):
-            return rejected(form)
+            return http.rejected(form)
         try:
-            reply = await post_bounded(
+            reply = await http.post_bounded(
                 self._session.get(),
                 self._url,
                 max_response_bytes=cfg.max_response_bytes,
@@ -171,39 +152,36 @@ class SmsChannel:
                     "Accept": "application/json",
                 },
             )
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return transport_outcome(exc)
+        except http.TRANSPORT_ERRORS as exc:
+            return http.transport_outcome(exc)
         return self._classify(reply)
 
-    def _classify(self, reply: HttpReply) -> Outcome:
-        parsed = try_json_object(reply.body.data)
+    def _classify(self, reply: http.HttpReply) -> Outcome:
+        parsed = http.try_json_object(reply.body.data)
         status = reply.status
         if 200 <= status < 300:
-            sid = safe_token(parsed.get("sid"), 64) if parsed else None
-            provider_status = safe_token(parsed.get("status"), 32) if parsed else None
+            sid = http.safe_token(parsed.get("sid"), 64) if parsed else None
             return Outcome(
                 kind=OutcomeKind.ACCEPTED,
                 http_status=status,
                 receipt=sid or f"http {status}",
-                extra={"provider_status": provider_status} if provider_status else {},
             )
 
         code = parsed.get("code") if parsed else None
-        code_token = safe_token(code, 16) if isinstance(code, int | str) else None
+        code_token = http.safe_token(code, 16) if isinstance(code, int | str) else None
         # Structured Twilio errors are summarised by code only; a non-JSON
         # body is a gateway page and is excerpted.
         text: str | None = None
         if code_token:
             text = f"twilio {code_token}"
         elif parsed is None:
-            text = excerpt(reply.body.data, self._config.max_response_excerpt_bytes)
-        return classify_status(
+            text = http.excerpt(reply.body.data, self._config.max_response_excerpt_bytes)
+        return http.classify_status(
             status,
             reply.headers,
             now=datetime.now(UTC),
             response_excerpt=text,
             detail=f"twilio {code_token}" if code_token else None,
-            extra={"provider_error": code_token} if code_token else None,
         )
 
     async def close(self) -> None:

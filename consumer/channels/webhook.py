@@ -2,8 +2,9 @@
 
 Owns the webhook request shape (JSON body, ``Idempotency-Key`` and Standard
 Webhooks ``webhook-id`` / ``webhook-timestamp`` / ``webhook-signature``
-headers), destination safety at connect time, and classification of the
-partner's answer into an ``Outcome``.
+headers), destination safety at connect time, and the receipt taken from the
+partner's answer. The session, the bounded POST, the config checks and the
+classification are the shared plumbing of ``consumer.channels.http``.
 
 Destination safety has two layers, both driven by ``service.netpolicy``:
 
@@ -15,7 +16,8 @@ Destination safety has two layers, both driven by ``service.netpolicy``:
 
 Redirects are never followed, proxies from the environment are ignored (a proxy
 would connect on our behalf, bypassing the resolver check) and cookies are not
-kept (one partner must not see another's cookies).
+kept (one partner must not see another's cookies): ``http.SharedSession`` and
+``http.post_bounded`` do this for every adapter.
 
 Nothing here logs. Outcomes carry fixed reasons, never the payload, the URL,
 or a secret.
@@ -26,7 +28,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -38,16 +39,8 @@ import yarl
 from aiohttp.abc import AbstractResolver, ResolveResult
 from standardwebhooks.webhooks import Webhook
 
+from consumer.channels import http
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
-from consumer.channels.http import (
-    check_positive,
-    classify_status,
-    excerpt,
-    read_bounded,
-    rejected,
-    safe_token,
-    transport_outcome,
-)
 from service.netpolicy import (
     DestinationRefused,
     IPNetwork,
@@ -59,8 +52,6 @@ from service.netpolicy import (
 __all__ = ["PolicyResolver", "WebhookChannel", "WebhookConfig"]
 
 _SECRET_PREFIX = "whsec_"
-# Header values must be visible ASCII; Resend-style providers cap keys at 256.
-_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,256}")
 
 
 def _decode_secret(secret: str) -> bytes:
@@ -97,17 +88,7 @@ class WebhookConfig:
                 raise ValueError(f"signing_secrets[{index}] is not valid base64") from None
             if not decoded:
                 raise ValueError(f"signing_secrets[{index}] is empty")
-        check_positive(
-            self,
-            "timeout_seconds",
-            "connect_timeout_seconds",
-            "max_request_bytes",
-            "max_response_bytes",
-            "connection_limit",
-            "connection_limit_per_host",
-        )
-        if not 0 <= self.max_response_excerpt_bytes <= self.max_response_bytes:
-            raise ValueError("max_response_excerpt_bytes must be within 0..max_response_bytes")
+        http.check_http_config(self, "max_request_bytes", "connection_limit_per_host")
 
 
 class PolicyResolver(AbstractResolver):
@@ -181,41 +162,26 @@ class WebhookChannel:
         self._config = config
         self._signers = tuple(Webhook(secret) for secret in config.signing_secrets)
         self._inner_resolver = resolver
-        self._trace_configs = list(trace_configs)
-        self._session: aiohttp.ClientSession | None = None
-        self._resolver: PolicyResolver | None = None
-        self._closed = False
+        self._session = http.SharedSession(
+            channel=self.name,
+            timeout_seconds=config.timeout_seconds,
+            connect_timeout_seconds=config.connect_timeout_seconds,
+            connection_limit=config.connection_limit,
+            connection_limit_per_host=config.connection_limit_per_host,
+            trust_env=False,  # a proxy would connect for us, past the resolver's check
+            resolver=self._policy_resolver,
+            dns_cache_ttl_seconds=config.dns_cache_ttl_seconds,
+            trace_configs=trace_configs,
+        )
         # The static URL check depends only on the string and the config: done once each.
         self._checked: dict[str, tuple[yarl.URL | None, str | None]] = {}
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        # No await between the check and the assignment, so concurrent first
-        # sends cannot create two sessions.
-        if self._closed:
-            raise RuntimeError("webhook channel is closed")
-        if self._session is None:
-            cfg = self._config
-            inner = self._inner_resolver or aiohttp.DefaultResolver()
-            self._resolver = PolicyResolver(
-                inner, cfg.allow_networks, owns_inner=self._inner_resolver is None
-            )
-            connector = aiohttp.TCPConnector(
-                limit=cfg.connection_limit,
-                limit_per_host=cfg.connection_limit_per_host,
-                resolver=self._resolver,
-                use_dns_cache=cfg.dns_cache_ttl_seconds is not None,
-                ttl_dns_cache=cfg.dns_cache_ttl_seconds,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(
-                    total=cfg.timeout_seconds, sock_connect=cfg.connect_timeout_seconds
-                ),
-                trust_env=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trace_configs=self._trace_configs or None,
-            )
-        return self._session
+    def _policy_resolver(self) -> PolicyResolver:
+        """The connect-time check, built by the session inside the running loop."""
+        inner = self._inner_resolver or aiohttp.DefaultResolver()
+        return PolicyResolver(
+            inner, self._config.allow_networks, owns_inner=self._inner_resolver is None
+        )
 
     def _check_destination(self, destination: str) -> tuple[yarl.URL | None, str | None]:
         problem = url_problem(destination)
@@ -258,7 +224,7 @@ class WebhookChannel:
     def _receipt(self, status: int, headers: Mapping[str, str]) -> str:
         receipt = f"http {status}"
         for name in self._config.receipt_headers:
-            token = safe_token(headers.get(name))
+            token = http.safe_token(headers.get(name))
             if token is not None:
                 return f"{receipt} {name.lower()}={token}"
         return receipt
@@ -274,9 +240,9 @@ class WebhookChannel:
             self._checked[request.destination] = checked
         url, problem = checked
         if url is None:
-            return rejected(problem or "url: malformed")
-        if not _KEY_PATTERN.fullmatch(request.idempotency_key):
-            return rejected("invalid idempotency key")
+            return http.rejected(problem or "url: malformed")
+        if (bad_key := http.rejected_key(request.idempotency_key)) is not None:
+            return bad_key
         try:
             # Compact and deterministic for a given payload; the exact string
             # is what gets signed, so it is sent byte for byte.
@@ -284,61 +250,46 @@ class WebhookChannel:
                 request.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
             )
         except (TypeError, ValueError):
-            return rejected("payload not json serializable")
+            return http.rejected("payload not json serializable")
         data = body.encode("utf-8")
         if len(data) > cfg.max_request_bytes:
-            return rejected("payload too large")
+            return http.rejected("payload too large")
 
-        session = self._get_session()
+        session = self._session.get()
         try:
-            async with session.post(
+            reply = await http.post_bounded(
+                session,
                 url,
+                max_response_bytes=cfg.max_response_bytes,
                 data=data,
                 headers=self._headers(request.idempotency_key, body, stale=request.stale),
-                allow_redirects=False,
-            ) as response:
-                bounded = await read_bounded(response, cfg.max_response_bytes)
-                status = response.status
-                headers = response.headers
+            )
         except DestinationRefused as exc:
-            return rejected(exc.reason)
+            return http.rejected(exc.reason)
         except aiohttp.InvalidURL:
-            return rejected("url: invalid")
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return http.rejected("url: invalid")
+        except http.TRANSPORT_ERRORS as exc:
             refusal = _refusal(exc)
             if refusal is not None:
-                return rejected(refusal.reason)
-            return transport_outcome(exc)
+                return http.rejected(refusal.reason)
+            return http.transport_outcome(exc)
 
-        extra: dict[str, str] = {}
-        if bounded.truncated:
-            extra["response_truncated"] = "true"
-        if not bounded.complete:
-            extra["response_incomplete"] = "true"
-        text = excerpt(bounded.data, cfg.max_response_excerpt_bytes)
-        if 200 <= status < 300:
+        text = http.excerpt(reply.body.data, cfg.max_response_excerpt_bytes)
+        if 200 <= reply.status < 300:
             return Outcome(
                 kind=OutcomeKind.ACCEPTED,
-                http_status=status,
-                receipt=self._receipt(status, headers),
+                http_status=reply.status,
+                receipt=self._receipt(reply.status, reply.headers),
                 response_excerpt=text,
-                extra=extra,
             )
-        return classify_status(
-            status,
-            headers,
+        return http.classify_status(
+            reply.status,
+            reply.headers,
             now=datetime.now(UTC),
             response_excerpt=text,
             gone_disables=True,
-            extra=extra,
         )
 
     async def close(self) -> None:
         """Close the shared session and the resolver; safe to call twice."""
-        self._closed = True
-        session, self._session = self._session, None
-        resolver, self._resolver = self._resolver, None
-        if session is not None:
-            await session.close()
-        if resolver is not None:
-            await resolver.close()
+        await self._session.close()

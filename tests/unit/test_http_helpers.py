@@ -1,9 +1,12 @@
-"""Pure helpers shared by the HTTP adapters: Retry-After, excerpts, classification."""
+"""Pure helpers shared by the HTTP adapters: Retry-After, excerpts, classification,
+the idempotency-key check and the config checks."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from typing import Any
 
 import aiohttp
 import pytest
@@ -11,9 +14,12 @@ from pydantic import SecretStr
 
 from consumer.channels.base import OutcomeKind
 from consumer.channels.http import (
+    check_http_config,
+    check_provider_config,
     classify_status,
     excerpt,
     parse_retry_after,
+    rejected_key,
     safe_token,
     secret_value,
     transport_outcome,
@@ -112,6 +118,7 @@ def test_classify_status_table(status: int, kind: OutcomeKind, error: str) -> No
     assert outcome.error == error
     assert outcome.http_status == status
     assert outcome.disable_destination is False
+    assert outcome.possibly_delivered is True  # the server answered: it had the request
 
 
 def test_classify_status_gone_and_retry_after_and_detail() -> None:
@@ -135,18 +142,83 @@ def test_classify_status_gone_and_retry_after_and_detail() -> None:
 def test_transport_outcome_mapping() -> None:
     timeout = transport_outcome(TimeoutError())
     assert (timeout.kind, timeout.error) == (OutcomeKind.RETRY, "timeout")
-    assert timeout.extra["possibly_delivered"] == "true"
+    assert timeout.possibly_delivered is True
 
     connect_timeout = transport_outcome(aiohttp.ConnectionTimeoutError())
     assert connect_timeout.error == "connect timeout"
-    assert connect_timeout.extra["possibly_delivered"] == "false"
+    assert connect_timeout.possibly_delivered is False
 
     disconnected = transport_outcome(aiohttp.ServerDisconnectedError())
     assert disconnected.error == "connection error"
-    assert disconnected.extra == {
-        "exception": "ServerDisconnectedError",
-        "possibly_delivered": "true",
-    }
+    assert disconnected.kind is OutcomeKind.RETRY
+    assert disconnected.possibly_delivered is True
 
     secret_message = transport_outcome(aiohttp.ClientOSError(111, "http://h/tok_s3cr3t"))
     assert "tok_s3cr3t" not in repr(secret_message)
+
+
+@pytest.mark.parametrize(
+    ("key", "ok"),
+    [
+        ("reminder-42:2030-01-01T09:00:00Z", True),
+        ("k", True),
+        ("x" * 256, True),
+        ("x" * 257, False),
+        ("", False),
+        ("has space", False),
+        ("line\r\nbreak", False),
+        ("zoë", False),
+    ],
+)
+def test_rejected_key(key: str, ok: bool) -> None:
+    outcome = rejected_key(key)
+    if ok:
+        assert outcome is None
+    else:
+        assert outcome is not None
+        assert (outcome.kind, outcome.error) == (OutcomeKind.REJECTED, "invalid idempotency key")
+        assert outcome.possibly_delivered is False
+
+
+@dataclass(frozen=True)
+class _Config:
+    base_url: str = "https://api.example.com/"
+    timeout_seconds: float = 1.0
+    connect_timeout_seconds: float = 1.0
+    connection_limit: int = 1
+    max_request_bytes: int = 1
+    max_response_bytes: int = 100
+    max_response_excerpt_bytes: int = 100
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("timeout_seconds", 0.0),
+        ("connect_timeout_seconds", float("nan")),
+        ("connection_limit", -1),
+        ("max_response_bytes", 0),
+        ("max_request_bytes", 0),
+    ],
+)
+def test_check_http_config_names_the_field_that_is_not_positive(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^{field} must be a positive number$"):
+        overrides: dict[str, Any] = {field: value}
+        check_http_config(replace(_Config(), **overrides), "max_request_bytes")
+
+
+def test_check_http_config_bounds_the_excerpt_by_the_read() -> None:
+    check_http_config(_Config(max_response_excerpt_bytes=0))
+    check_http_config(_Config(max_response_excerpt_bytes=100))
+    with pytest.raises(ValueError, match="max_response_excerpt_bytes"):
+        check_http_config(_Config(max_response_excerpt_bytes=101))
+
+
+def test_check_provider_config_checks_and_trims_base_url() -> None:
+    config = _Config()
+    check_provider_config(config)
+    assert config.base_url == "https://api.example.com"
+    with pytest.raises(ValueError, match=r"^base_url: "):
+        check_provider_config(_Config(base_url="ftp://x"))
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        check_provider_config(_Config(timeout_seconds=0))
