@@ -77,7 +77,7 @@ def skipped(row: Claimed, reason: str) -> Completion:
 
 def refused(error: str) -> Outcome:
     """The outcome of an attempt refused before any request was made."""
-    return Outcome(OutcomeKind.REJECTED, error=error)
+    return Outcome(OutcomeKind.REJECTED, error=error, possibly_delivered=False)
 
 
 def attempt_record(
@@ -98,6 +98,7 @@ def attempt_record(
         payload_version=row.payload_version,
         started_at=started_at,
         stale=stale,
+        possibly_delivered=outcome.possibly_delivered,
     )
 
 

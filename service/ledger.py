@@ -126,6 +126,7 @@ class Attempt:
     payload_version: int | None = None
     started_at: datetime | None = None  # taken right before the request went out
     stale: bool = False  # sent although older than the reminder's stale_after
+    possibly_delivered: bool | None = None  # False: no byte can have reached the receiver
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,7 @@ async def complete(conn: Connection, completions: Sequence[Completion]) -> set[t
         [r.payload_version for r in records],
         [r.started_at for r in records],
         [r.stale for r in records],
+        [r.possibly_delivered for r in records],
     )
     rows = await _retry_on_conflict(lambda: conn.fetch(q("complete"), *args))
     return {(r["id"], r["attempt"]) for r in rows}

@@ -260,9 +260,10 @@ WITH o AS (
     SELECT *
     FROM unnest($1::bigint[], $2::int[], $3::delivery_state[], $4::timestamptz[], $5::int[],
                 $6::text[], $7::text[], $8::text[], $9::text[], $10::float8[], $11::text[],
-                $12::text[], $13::int[], $14::timestamptz[], $15::bool[])
+                $12::text[], $13::int[], $14::timestamptz[], $15::bool[], $16::bool[])
          AS o(id, attempt, state, next_attempt_at, status, error, receipt, skip_reason,
-              outcome, latency_ms, attempt_error, excerpt, payload_version, started_at, stale)
+              outcome, latency_ms, attempt_error, excerpt, payload_version, started_at, stale,
+              possibly_delivered)
 ), locked AS (
     SELECT id, state, attempts FROM deliveries
     WHERE id = ANY($1::bigint[])
@@ -286,16 +287,18 @@ WITH o AS (
     WHERE l.state = o.state AND l.attempts = o.attempt AND l.state <> 'sending'
 ), recorded AS (
     INSERT INTO delivery_attempts (delivery_id, attempt, outcome, http_status, latency_ms,
-                                   error, response_excerpt, payload_version, started_at, stale)
+                                   error, response_excerpt, payload_version, started_at, stale,
+                                   possibly_delivered)
     SELECT id, attempt, outcome, status, latency_ms, attempt_error, excerpt, payload_version,
-           started_at, stale
+           started_at, stale, possibly_delivered
     FROM o WHERE outcome IS NOT NULL
     ON CONFLICT (delivery_id, attempt) DO UPDATE SET
         outcome = excluded.outcome, http_status = excluded.http_status,
         latency_ms = excluded.latency_ms, error = excluded.error,
         response_excerpt = excluded.response_excerpt,
         payload_version = excluded.payload_version, started_at = excluded.started_at,
-        stale = excluded.stale, finished_at = now()
+        stale = excluded.stale, possibly_delivered = excluded.possibly_delivered,
+        finished_at = now()
 )
 SELECT id, attempt FROM updated
 UNION
