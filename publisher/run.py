@@ -27,9 +27,10 @@ from typing import Any
 import asyncpg
 from opentelemetry import trace
 
-from service import amqp, db, errors, ledger, logs, runs, schedule, telemetry
+from service import admission, amqp, db, errors, ledger, logs, runs, schedule, telemetry
+from service.admission import NewDelivery
 from service.clock import Clock
-from service.ledger import NewDelivery, State
+from service.ledger import State
 from service.settings import Settings
 from service.telemetry import Metrics
 
@@ -93,7 +94,7 @@ def plan_batch(
         for at, reason in owed:
             deliveries.append(
                 NewDelivery(
-                    key=ledger.schedule_key(row["id"], at, row["channel"]),
+                    key=admission.schedule_key(row["id"], at, row["channel"]),
                     reminder_id=row["id"],
                     channel=row["channel"],
                     provider=row["provider"],
@@ -157,7 +158,7 @@ class PublishRun:
         now = self._clock.now()
         # Without a scheduled time from the caller, the run is as late as the oldest
         # occurrence it is about to fire: that is the lag a reminder's receiver sees.
-        oldest_due = await ledger.oldest_due(self._pool, now)
+        oldest_due = await admission.oldest_due(self._pool, now)
         intended = intended_fire_at or min(oldest_due or now, now)
         kind = "rescue" if rescue_only else "publish"
         started = await runs.start(self._pool, kind, intended, socket.gethostname())
@@ -203,12 +204,12 @@ class PublishRun:
     async def _admit_batch(self, now: datetime) -> list[tuple[int, bool]] | None:
         """Admit one batch in one transaction; its new pending rows, or None if none due."""
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await ledger.lock_due_reminders(conn, now, self._settings.publish_batch_size)
+            rows = await admission.lock_due_reminders(conn, now, self._settings.publish_batch_size)
             if not rows:
                 return None
             new, advances = plan_batch(rows, now, self._settings)
-            inserted = await ledger.insert_deliveries(conn, new, self.run_id)
-            await ledger.advance_reminders(conn, advances)
+            inserted = await admission.insert_deliveries(conn, new, self.run_id)
+            await admission.advance_reminders(conn, advances)
         self.counts.due += len(new)
         self.counts.created += len(inserted)
         self.counts.skipped += sum(1 for _, _, state in inserted if state is State.SKIPPED)

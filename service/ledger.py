@@ -8,11 +8,12 @@ finds its row in another state does nothing and says so (an empty result), becau
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -40,12 +41,6 @@ class State(enum.StrEnum):
 FINAL_STATES = frozenset({State.DELIVERED, State.DEAD, State.SKIPPED})
 # States whose row still owes a send (a message for it should exist or be published).
 OPEN_STATES = frozenset({State.PENDING, State.QUEUED, State.SENDING, State.RETRYING})
-
-
-def schedule_key(reminder_id: str, occurrence_at: datetime, channel: str) -> str:
-    """The idempotency key of one occurrence: business identity, never discovery time."""
-    instant = occurrence_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"reminder:{reminder_id}:{instant}:{channel}"
 
 
 def outbox_key(key: str) -> str:
@@ -181,6 +176,11 @@ def _facts(r: asyncpg.Record) -> SendFacts:
     )
 
 
+def _claimed(r: asyncpg.Record) -> Claimed:
+    fields = {f.name: r[f.name] for f in dataclasses.fields(Claimed) if f.name != "facts"}
+    return Claimed(**fields, facts=_facts(r))
+
+
 async def claim(
     conn: Connection, ids: Sequence[int], lease_seconds: float
 ) -> tuple[dict[int, Claimed], dict[int, Unclaimable]]:
@@ -190,26 +190,7 @@ async def claim(
     so it sees the claim's result.
     """
     rows = await _retry_on_conflict(lambda: conn.fetch(q("claim"), list(ids), lease_seconds))
-    claimed = {
-        r["id"]: Claimed(
-            id=r["id"],
-            idempotency_key=r["idempotency_key"],
-            reminder_id=r["reminder_id"],
-            channel=r["channel"],
-            provider=r["provider"],
-            occurrence_at=r["occurrence_at"],
-            urgent=r["urgent"],
-            attempts=r["attempts"],
-            round_start=r["round_start"],
-            run_id=r["run_id"],
-            prior_state=r["prior_state"],
-            destination=r["destination"],
-            payload=r["payload"],
-            payload_version=r["payload_version"],
-            facts=_facts(r),
-        )
-        for r in rows
-    }
+    claimed = {r["id"]: _claimed(r) for r in rows}
     rest = [i for i in ids if i not in claimed]
     others: dict[int, Unclaimable] = {}
     if rest:
@@ -312,62 +293,6 @@ async def cancel_reminder(executor: Executor, reminder_id: str) -> bool:
     (the consumer reads ``active`` again right before each request). False if it was not
     active."""
     return await executor.fetchval(q("cancel_reminder"), reminder_id) is not None
-
-
-async def oldest_due(executor: Executor, now: datetime) -> datetime | None:
-    """The earliest next occurrence of an active reminder that is due by ``now``."""
-    result: datetime | None = await executor.fetchval(q("oldest_due"), now)
-    return result
-
-
-async def lock_due_reminders(conn: Connection, now: datetime, limit: int) -> list[asyncpg.Record]:
-    """Lock one admission batch of due reminders (inside the caller's transaction).
-
-    SKIP LOCKED lets overlapping publish runs share the work without waiting.
-    """
-    return list(await conn.fetch(q("lock_due_reminders"), now, limit))
-
-
-async def advance_reminders(
-    conn: Connection, advances: Sequence[tuple[str, datetime | None]]
-) -> None:
-    """Move each reminder's next occurrence on (None: nothing more to fire)."""
-    await conn.execute(
-        q("advance_reminders"), [rid for rid, _ in advances], [at for _, at in advances]
-    )
-
-
-@dataclass(frozen=True)
-class NewDelivery:
-    """One owed occurrence for ``insert_deliveries``."""
-
-    key: str
-    reminder_id: str
-    channel: str
-    provider: str
-    occurrence_at: datetime
-    urgent: bool
-    skip_reason: str | None = None
-
-
-async def insert_deliveries(
-    conn: Connection, rows: Sequence[NewDelivery], run_id: int
-) -> list[tuple[int, bool, State]]:
-    """Insert owed occurrences; existing keys insert nothing. Returns (id, urgent, state)."""
-    if not rows:
-        return []
-    result = await conn.fetch(
-        q("insert_deliveries"),
-        [r.key for r in rows],
-        [r.reminder_id for r in rows],
-        [r.channel for r in rows],
-        [r.provider for r in rows],
-        [r.occurrence_at for r in rows],
-        [r.urgent for r in rows],
-        [r.skip_reason for r in rows],
-        run_id,
-    )
-    return [(r["id"], r["urgent"], State(r["state"])) for r in result]
 
 
 async def mark_queued(executor: Executor, ids: Sequence[int]) -> None:
