@@ -36,8 +36,10 @@ from service.telemetry import Metrics
 
 log = logs.get("consumer")
 
-# Past the grace period, each closing step gets at most this long.
+# Each closing step gets at most this long, and all of them together end by the end of
+# the grace period plus _AFTER_GRACE_SECONDS.
 _CLOSE_STEP_SECONDS = 2.0
+_AFTER_GRACE_SECONDS = 3.0
 
 
 class Failure:
@@ -76,11 +78,23 @@ def _signals(stop: asyncio.Event) -> Iterator[None]:
             loop.remove_signal_handler(sig)
 
 
-async def _bounded(step: Callable[[], Awaitable[Any]], seconds: float) -> None:
-    """Run one closing step; past its deadline it is abandoned (the process is ending)."""
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(max(seconds, 0.1)):
-            await step()
+class Closing:
+    """The deadline every closing step shares once shutdown has begun."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # monotonic; None until shutdown begins
+
+    def seconds(self) -> float:
+        """Time the next closing step may take."""
+        if self.deadline is None:
+            return _CLOSE_STEP_SECONDS
+        return max(0.05, min(_CLOSE_STEP_SECONDS, self.deadline - time.monotonic()))
+
+    async def within(self, step: Callable[[], Awaitable[Any]]) -> None:
+        """Run one closing step; past its time it is abandoned (the process is ending)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.seconds() + 0.2):
+                await step()
 
 
 async def _cancel_task(task: asyncio.Task[Any]) -> None:
@@ -103,12 +117,13 @@ async def run(
             stop = asyncio.Event()
             stack.enter_context(_signals(stop))
         failure = Failure(stop)
+        closing = Closing()
         adapters = dict(channels) if channels is not None else build.channels(settings)
         for adapter in adapters.values():
-            stack.push_async_callback(_bounded, adapter.close, _CLOSE_STEP_SECONDS)
+            stack.push_async_callback(closing.within, adapter.close)
         pool = await db.create_pool(settings)
-        stack.push_async_callback(db.close_pool, pool, _CLOSE_STEP_SECONDS)
-        connection, publisher = await _open_broker(stack, settings, failure)
+        stack.push_async_callback(closing.within, lambda: db.close_pool(pool, closing.seconds()))
+        connection, publisher = await _open_broker(stack, settings, failure, closing)
         watch = DatabaseWatch(
             pool,
             outage_max_seconds=settings.database_outage_max_seconds,
@@ -123,7 +138,7 @@ async def run(
         consume_channel, queues = await _open_consume_channel(connection, settings, failure)
         consuming = asyncio.Event()
         probes = _Probes(settings, connection, consume_channel, publisher, watch, work, consuming)
-        await _serve_health(stack, settings, probes, render_metrics)
+        await _serve_health(stack, settings, probes, render_metrics, closing)
         async with asyncio.timeout(settings.amqp_timeout_seconds):
             tags = [(queue, await queue.consume(work.on_message)) for queue in queues]
         consuming.set()
@@ -141,7 +156,7 @@ async def run(
         await stop.wait()
         consuming.clear()
         metrics.snapshot.ready = False
-        await _shutdown(settings, work, watch, consume_channel, tags, failure)
+        await _shutdown(settings, work, watch, consume_channel, tags, failure, closing)
         return failure.exit_code
     raise AssertionError("unreachable")  # the exit stack never swallows an exception
 
@@ -151,6 +166,7 @@ async def _serve_health(
     settings: Settings,
     probes: _Probes,
     render_metrics: health.MetricsRender | None,
+    closing: Closing,
 ) -> None:
     if settings.health_port:
         runner = await health.serve(
@@ -158,7 +174,7 @@ async def _serve_health(
             settings.health_host,
             settings.health_port,
         )
-        stack.push_async_callback(_bounded, runner.cleanup, _CLOSE_STEP_SECONDS)
+        stack.push_async_callback(closing.within, runner.cleanup)
 
 
 @dataclass(frozen=True)
@@ -195,11 +211,13 @@ class _Probes:
 
 
 async def _open_broker(
-    stack: contextlib.AsyncExitStack, settings: Settings, failure: Failure
+    stack: contextlib.AsyncExitStack, settings: Settings, failure: Failure, closing: Closing
 ) -> tuple[AbstractConnection, amqp.ConfirmedPublisher]:
     """Connect, declare the topology, open the publisher; their loss is a failure."""
     connection, publisher = await amqp.open_publisher(settings, "relay-consume")
-    stack.push_async_callback(amqp.close_connection, connection, _CLOSE_STEP_SECONDS)
+    stack.push_async_callback(
+        closing.within, lambda: amqp.close_connection(connection, closing.seconds())
+    )
     # Crash-only on broker trouble: exit 3 and let the orchestrator restart us on a
     # fresh connection; unacked messages go back to the other replicas meanwhile.
     connection.close_callbacks.add(lambda *_: failure.fail("broker connection lost"))
@@ -237,16 +255,18 @@ async def _shutdown(
     consume_channel: AbstractChannel,
     tags: list[tuple[AbstractQueue, str]],
     failure: Failure,
+    closing: Closing,
 ) -> None:
     """Stop intake, give back what cannot finish, await what was sent; all within grace."""
     started = time.monotonic()
     grace_end = started + settings.shutdown_grace_seconds
+    closing.deadline = grace_end + _AFTER_GRACE_SECONDS
     work.stop_intake(grace_ends_at=grace_end)
     if failure.reason is not None:
         work.give_back_now()  # a server failed: waiting for budget or slots is pointless
     if not consume_channel.is_closed:
         for queue, tag in tags:
-            await _bounded(functools.partial(queue.cancel, tag), _CLOSE_STEP_SECONDS)
+            await closing.within(functools.partial(queue.cancel, tag))
     # Requests on the wire finish (HTTP timeout < grace); claims that could not start
     # are released and handed back before the end of grace.
     drained = await work.drain(grace_end - 1.0)
@@ -261,7 +281,7 @@ async def _shutdown(
             "reason": failure.reason or "signal",
         },
     )
-    await work.close(_CLOSE_STEP_SECONDS)
+    await work.close(closing.seconds())
 
 
 async def check(settings: Settings) -> int:

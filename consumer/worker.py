@@ -130,12 +130,12 @@ class Worker:
 
     async def close(self, timeout_seconds: float) -> None:
         """Cancel what is still running (its messages return to the broker), then stop
-        the grouped writers, each within the deadline."""
+        the grouped writers: both within ``timeout_seconds``."""
         for task in list(self._in_flight):
             task.cancel()
         if self._in_flight:
-            await asyncio.wait(set(self._in_flight), timeout=timeout_seconds)
-        await self._store.close(timeout_seconds)
+            await asyncio.wait(set(self._in_flight), timeout=timeout_seconds / 2)
+        await self._store.close(timeout_seconds / 2)
 
     # ------------------------------------------------------------------ one message
 
