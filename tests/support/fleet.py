@@ -21,7 +21,7 @@ Typical use::
         back = fleet.note("server back")
         facts = Facts(fleet)
         await fleet.expect_all_delivered(facts, within=settings.lease_seconds + 30)
-        await fleet.expect_clean(facts)     # dead letters, partner, SIGTERM bounds
+        await fleet.finish(facts)           # stop; dead letters, partner, SIGTERM bounds
         facts.assert_all()
 
 Every wait is a predicate with a deadline. A ``Facts`` object collects what did not hold
@@ -457,9 +457,14 @@ class Fleet:
         publish_every: float = 3.0,
         publish_deadline: float = 30.0,
         broker: RabbitNode | None = None,
+        partner_delay: float = 2.5,
     ) -> None:
         self.settings = settings
         self.broker = broker
+        # The partner answers /hooks/drain after partner_delay seconds, which paces the
+        # drain (about prefetch x consumers / delay per second: 160/s with the defaults)
+        # so a fault lands in the middle of it, with a full prefetch held by each consumer.
+        partner.state.rules.setdefault("drain", partner_mod.PathRule(delay_seconds=partner_delay))
         self.partner = partner
         self.log_dir = log_dir
         self.ledger = Ledger(ledger_url or settings.database_url.get_secret_value())
@@ -561,6 +566,8 @@ class Fleet:
             await asyncio.sleep(max(0.0, began + self.publish_every - time.monotonic()))
 
     async def stop(self) -> None:
+        """Stop the publish loop, SIGTERM every consumer (SIGKILL past the bound).
+        Safe to call again."""
         if self._publisher is not None:
             self._publisher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -657,8 +664,11 @@ class Fleet:
     def unrequested_exits(self) -> list[Exit]:
         return [e for e in self.supervisor.exits if not e.requested]
 
-    async def expect_clean(self, facts: Facts) -> None:
-        """Dead letters only for dead rows, one logical event per key, SIGTERMs in bound."""
+    async def finish(self, facts: Facts) -> None:
+        """Stop the fleet (every consumer SIGTERMed, as at the end of a rollout), then:
+        dead letters only for dead rows, one logical event per key, and every SIGTERM of
+        the test, these included, ended with exit 0 within the grace bound."""
+        await self.stop()
         await self.expect_dead_letters_only_for_dead_rows(facts)
         await self.expect_one_event_per_key(facts)
         self.expect_sigterms_within_bound(facts)
@@ -705,12 +715,7 @@ async def start_drain(
     broker: RabbitNode | None = None,
 ) -> AsyncIterator[Fleet]:
     """A running drain: rows queued, ``consumers`` supervised, the publish loop on.
-
-    The partner answers ``/hooks/drain`` after ``partner_delay`` seconds, which paces the
-    drain (about prefetch x consumers / delay per second: 160/s with the defaults) so a
-    fault lands in the middle of it, with a full prefetch held by each consumer.
     Everything it started is stopped on exit, whatever happened."""
-    partner.state.rules.setdefault("drain", partner_mod.PathRule(delay_seconds=partner_delay))
     fleet = Fleet(
         settings,
         partner,
@@ -719,6 +724,7 @@ async def start_drain(
         env=env,
         publish_every=publish_every,
         broker=broker,
+        partner_delay=partner_delay,
     )
     try:
         await fleet.prepare(rows, path)

@@ -273,6 +273,12 @@ class RabbitNode(_Node):
         if out != "ok":
             raise NodeError(f"set_env {key}: {out}")
 
+    def consumer_channels(self, queue: str) -> set[str]:
+        """Pids of the channels consuming from ``queue`` right now."""
+        out = self.ctl("list_consumers", "queue_name", "channel_pid", "--no-table-headers")
+        rows = (line.split("\t") for line in out.splitlines() if "\t" in line)
+        return {pid for name, pid in rows if name == queue}
+
     def quorum_counter(self, name: str) -> int:
         """A node-wide counter of AMQP 0-9-1 deliveries from quorum queues, e.g.
         ``messages_redelivered_total``: deliveries of a message delivered before (each
