@@ -13,8 +13,9 @@ The node runs with a 0.5 s tick (``channel_tick_interval``); the timeout is set 
 just while the second consumer opens its channels, then restored. That consumer's
 consume channel alone is closed by the server (``PRECONDITION_FAILED - delivery
 acknowledgement on channel N timed out``) as soon as it holds a delivery for over 1 s,
-which every delivery here does (the partner answers after 2.5 s). Its restarted process
-opens channels with the default timeout (30 min) and is left alone.
+which every delivery here does (the partner answers after 2.5 s). The supervisor holds
+its restart until the timeout is restored, so its next process opens channels with the
+default timeout (30 min) and is left alone.
 """
 
 from __future__ import annotations
@@ -64,9 +65,13 @@ async def test_consumer_channel_closed_by_the_server_is_noticed_and_nothing_is_l
         default_timeout = await asyncio.to_thread(rabbit.get_env, "consumer_timeout")
         await asyncio.to_thread(rabbit.set_env, "consumer_timeout", 1000)
         try:
-            (second,) = await fleet.start_consumers(1)
+            # Held: its replacement must not open channels before the timeout is restored.
+            (second,) = await fleet.start_consumers(1, hold_restarts=True)
 
             async def second_consuming() -> bool:
+                # Its channel may be opened and closed again between two looks.
+                if await asyncio.to_thread(_server_closed_channels, rabbit):
+                    return True
                 return bool(await asyncio.to_thread(rabbit.consumer_channels, bulk) - firsts)
 
             # Restored as soon as its consume channel exists: a restart of it (after the
@@ -74,6 +79,7 @@ async def test_consumer_channel_closed_by_the_server_is_noticed_and_nothing_is_l
             assert await eventually(second_consuming, 30), "second consumer never consumed"
         finally:
             await asyncio.to_thread(rabbit.set_env, "consumer_timeout", default_timeout)
+        second.restarts_allowed.set()
         fleet.note("second consumer's channel opened with a 1 s consumer_timeout")
         fleet.start_publish_loop()
 

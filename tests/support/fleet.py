@@ -276,6 +276,8 @@ class Slot:
     exits: list[Exit] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     generation: int = 0
+    #: Cleared: a process that exits is restarted only once the test sets it again.
+    restarts_allowed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def pid(self) -> int:
@@ -306,9 +308,12 @@ class Supervisor:
         self.exits: list[Exit] = []
         self._note = note or (lambda _: time.monotonic())
 
-    async def add(self, **env: str) -> Slot:
-        """Start one more replica (its own health port, log file and extra env)."""
+    async def add(self, *, hold_restarts: bool = False, **env: str) -> Slot:
+        """Start one more replica (its own health port, log file and extra env). With
+        ``hold_restarts``, it is not restarted until ``slot.restarts_allowed`` is set."""
         slot = Slot(len(self.slots), dict(env), self.log_dir / f"consumer-{len(self.slots)}.log")
+        if not hold_restarts:
+            slot.restarts_allowed.set()
         self.slots.append(slot)
         started = asyncio.Event()
         slot.task = asyncio.create_task(self._keep(slot, started))
@@ -344,6 +349,7 @@ class Supervisor:
             self.exits.append(record)
             self._note(str(record))
             if slot.keep_running:
+                await slot.restarts_allowed.wait()
                 await asyncio.sleep(self.restart_delay)  # the orchestrator's restart delay
 
     async def wait_exit(self, slot: Slot, count: int, timeout: float) -> Exit | None:
@@ -413,6 +419,7 @@ class Supervisor:
         """SIGTERM every process, SIGKILL what outlives ``grace``; stop supervising."""
         for slot in self.slots:
             slot.keep_running = False
+            slot.restarts_allowed.set()  # a held slot's task ends instead of waiting
         for slot in self.slots:
             if slot.running and slot.proc is not None:
                 slot.term_sent = time.monotonic()
@@ -531,8 +538,10 @@ class Fleet:
         self.rows = rows
         self.note(f"{rows} deliveries queued")
 
-    async def start_consumers(self, n: int, **env: str) -> list[Slot]:
-        return [await self.supervisor.add(**env) for _ in range(n)]
+    async def start_consumers(
+        self, n: int, *, hold_restarts: bool = False, **env: str
+    ) -> list[Slot]:
+        return [await self.supervisor.add(hold_restarts=hold_restarts, **env) for _ in range(n)]
 
     def start_publish_loop(self) -> None:
         """``relay publish`` every ``publish_every`` seconds, as the CronJob."""
