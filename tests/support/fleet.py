@@ -487,11 +487,13 @@ class Fleet:
 
     # -- bookkeeping
 
-    def note(self, event: str) -> float:
-        """Record an event on the fleet's timeline; return its monotonic time."""
-        now = time.monotonic()
-        self.timeline.append((now - self.t0, event))
-        return now
+    def note(self, event: str, at: float | None = None) -> float:
+        """Record an event on the fleet's timeline (now, or at monotonic time ``at``, e.g.
+        read from a server's log); return its monotonic time."""
+        when = time.monotonic() if at is None else at
+        self.timeline.append((when - self.t0, event))
+        self.timeline.sort(key=lambda item: item[0])
+        return when
 
     def describe(self) -> str:
         lines = [f"  {t:7.2f} s  {event}" for t, event in self.timeline]

@@ -93,8 +93,11 @@ class Proxy:
         """Stop listening and abort every connection."""
         if self._server is not None:
             self._server.close()
+        tasks = [link.task for link in self._links if link.task is not None]
         for link in list(self._links):
             link.abort()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)  # let each link unwind before the loop ends
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
