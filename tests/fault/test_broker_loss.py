@@ -9,10 +9,7 @@ receiver sees one logical event per delivery.
 from __future__ import annotations
 
 import asyncio
-import signal
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -20,20 +17,10 @@ import pytest
 from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
-from tests.support.nodes import RabbitNode, free_ports, start_rabbitmq
+from tests.support.nodes import RabbitNode
 from tests.support.relay import RunningPartner
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def rabbit(tmp_path: Path) -> Iterator[RabbitNode]:
-    port, dist_port = free_ports(2)
-    node = start_rabbitmq(tmp_path, port, dist_port)
-    try:
-        yield node
-    finally:
-        node.cleanup()
 
 
 async def _count(pool: asyncpg.Pool, state: str) -> int:
@@ -96,7 +83,6 @@ async def test_consumer_exits_when_its_broker_dies_and_a_restart_loses_nothing(
 
         await rs.wait_for(all_delivered, 120, "all 600 delivered after the restart")
     finally:
-        consumer.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(consumer.wait(), 30) == 0
+        assert await rs.stop(consumer) == 0
     assert partner.state.logical_events == 600
     assert max(partner.state.events.values()) <= 2  # a resend uses the same key

@@ -28,11 +28,6 @@ async def _crash_then_recover(
     return await rs.start_consumer(settings, log_path=log)
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> int:
-    proc.send_signal(signal.SIGTERM)
-    return await asyncio.wait_for(proc.wait(), 30)
-
-
 async def _one_row(pool: asyncpg.Pool) -> asyncpg.Record:
     row = await pool.fetchrow("SELECT * FROM deliveries")
     assert row is not None
@@ -54,7 +49,7 @@ async def test_killed_after_partner_accepted_before_outcome_written_resends_same
         # The redelivered message waits for the dead consumer's lease (3 s) to expire.
         await rs.wait_for(delivered, 30, "row delivered after the crash")
     finally:
-        assert await _stop(recovered) == 0
+        assert await rs.stop(recovered) == 0
     row = await _one_row(pool)
     assert row["attempts"] == 2
     assert partner.state.logical_events == 1
@@ -79,7 +74,7 @@ async def test_killed_after_commit_before_ack_is_acked_without_a_second_send(
         # The redelivered message reaches the new consumer, which must not send again.
         await rs.wait_for(lambda: rs.logged(log, "duplicate"), 20, "redelivery acked")
     finally:
-        assert await _stop(recovered) == 0
+        assert await rs.stop(recovered) == 0
     row = await _one_row(pool)
     assert row["attempts"] == 1
     assert sum(partner.state.requests_by_path.values()) == 1
@@ -99,7 +94,7 @@ async def test_sigterm_finishes_in_flight_deliveries_and_loses_nothing(
         return sum(partner.state.requests_by_path.values()) > 0
 
     await rs.wait_for(some_in_flight, 20, "requests in flight")
-    assert await _stop(first) == 0
+    assert await rs.stop(first) == 0
     states = await rs.states(pool)
     # Everything the first consumer started, it finished: nothing is left 'sending'.
     assert "sending" not in states, states
@@ -110,7 +105,7 @@ async def test_sigterm_finishes_in_flight_deliveries_and_loses_nothing(
     try:
         await rs.wait_for(lambda: _all_delivered(pool, 40), 60, "all 40 delivered")
     finally:
-        assert await _stop(second) == 0
+        assert await rs.stop(second) == 0
     assert partner.state.logical_events == 40
     assert partner.state.duplicates == 0
     assert sum(partner.state.requests_by_path.values()) == 40

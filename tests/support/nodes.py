@@ -40,6 +40,8 @@ SERVICES = REPO_ROOT / "scripts" / "services"
 # (pytest's tmp_path is 0700): the postgres user must be able to reach it.
 NODES_BASE = Path(os.environ.get("RELAY_SERVICES_DIR", "/tmp/reminder-relay-services")) / "nodes"
 
+RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
+
 START_TIMEOUT = 180.0
 STOP_TIMEOUT = 120.0
 
@@ -228,6 +230,75 @@ class RabbitNode(_Node):
     def node_name(self) -> str:
         """The Erlang node name, for rabbitmqctl ``-n``."""
         return f"relaytest{self.port}@localhost"
+
+    @property
+    def log_file(self) -> Path:
+        """The node's own log (channel exceptions, consumer timeouts, ...)."""
+        return self.dir / "log" / f"{self.node_name}.log"
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl ARGS`` against this node; return stdout or raise NodeError.
+
+        The real CLI (not Debian's wrapper, which switches to the rabbitmq user's cookie)
+        with this node's HOME, where its cookie lives.
+        """
+        cmd = [RABBITMQCTL, "-n", self.node_name, "-q", *args]
+        what = f"rabbitmqctl {' '.join(args)}"
+        env = {**os.environ, "HOME": str(self.dir / "home")}
+        try:
+            proc = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise NodeError(f"{what} timed out after {timeout:.0f} s") from exc
+        if proc.returncode != 0:
+            raise NodeError(f"{what} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+        return proc.stdout.strip()
+
+    def set_env(self, key: str, value: int) -> None:
+        """Set a ``rabbit`` application setting at run time (``rabbitmqctl eval``).
+
+        Some settings are read when a channel opens (``consumer_timeout``), others on
+        every channel tick (``channel_tick_interval``). Never unset one the broker reads
+        with a match on ``{ok, _}``: restore the value ``get_env`` returned instead.
+        """
+        if not key.isidentifier():
+            raise ValueError(f"not an application setting: {key!r}")
+        out = self.ctl("eval", f"application:set_env(rabbit, {key}, {int(value)}).")
+        if out != "ok":
+            raise NodeError(f"set_env {key}: {out}")
+
+    def consumer_channels(self, queue: str) -> set[str]:
+        """Pids of the channels consuming from ``queue`` right now."""
+        out = self.ctl("list_consumers", "queue_name", "channel_pid", "--no-table-headers")
+        rows = (line.split("\t") for line in out.splitlines() if "\t" in line)
+        return {pid for name, pid in rows if name == queue}
+
+    def quorum_counter(self, name: str) -> int:
+        """A node-wide counter of AMQP 0-9-1 deliveries from quorum queues, e.g.
+        ``messages_redelivered_total``: deliveries of a message delivered before (each
+        one moves it toward ``x-delivery-limit``). Node-wide: only meaningful while one
+        test at a time uses the node."""
+        if not name.isidentifier():
+            raise ValueError(f"not a counter: {name!r}")
+        out = self.ctl(
+            "eval",
+            f"maps:get({name}, maps:get([{{protocol,amqp091}},{{queue_type,rabbit_quorum_queue}}],"
+            " rabbit_global_counters:overview())).",
+        )
+        return int(out)
+
+    def get_env(self, key: str) -> int:
+        """The current integer value of a ``rabbit`` application setting."""
+        if not key.isidentifier():
+            raise ValueError(f"not an application setting: {key!r}")
+        out = self.ctl("eval", f"{{ok, V}} = application:get_env(rabbit, {key}), V.")
+        return int(out)
 
 
 def _postgres_can_enter(path: Path) -> bool:

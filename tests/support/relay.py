@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -61,15 +62,17 @@ class Result:
     stderr: str
 
 
+def relay_command(*args: str) -> list[str]:
+    """argv of ``relay ARGS`` run from this checkout with this interpreter."""
+    return [sys.executable, "-m", "service.ops.cli", *args]
+
+
 async def relay(
     settings: Settings, *args: str, timeout: float = 60, stdin: str | None = None, **extra_env: str
 ) -> Result:
     """Run ``relay ARGS`` as a subprocess and wait for it."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "service.ops.cli",
-        *args,
+        *relay_command(*args),
         env=env_for(settings, **extra_env),
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -89,15 +92,18 @@ async def start_consumer(
     """Start ``relay consume`` as a subprocess (kill it with SIGKILL or SIGTERM)."""
     stderr = open(log_path, "ab") if log_path else asyncio.subprocess.DEVNULL
     return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "service.ops.cli",
-        "consume",
+        *relay_command("consume"),
         env=env_for(settings, **extra_env),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=stderr,
         cwd=REPO,
     )
+
+
+async def stop(proc: asyncio.subprocess.Process, timeout: float = 30) -> int:
+    """SIGTERM a relay process and return its exit code (fail after ``timeout``)."""
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), timeout)
 
 
 async def wait_for(

@@ -1,0 +1,177 @@
+"""RabbitMQ closes a consumer's channel, or cancels its consumer, while the connection
+stays up (issue 12, "a closed consumer or publisher channel is noticed").
+
+Each test runs a drain (two supervised ``relay consume`` processes, a ``relay publish``
+run every 3 s) on a RabbitMQ node and a PostgreSQL cluster of its own. The consumer whose
+channel the server closed or whose consumer it cancelled must notice, stop and exit with
+code 3 (the supervisor restarts it, as Kubernetes would); nothing is lost and the
+partner sees one logical event per key.
+
+How the server is made to close exactly one consumer's channel (RabbitMQ 3.10): the
+``consumer_timeout`` is read when a channel opens, and checked on every channel tick.
+The node runs with a 0.5 s tick (``channel_tick_interval``); the timeout is set to 1 s
+just while the second consumer opens its channels, then restored. That consumer's
+consume channel alone is closed by the server (``PRECONDITION_FAILED - delivery
+acknowledgement on channel N timed out``) as soon as it holds a delivery for over 1 s,
+which every delivery here does (the partner answers after 2.5 s). The supervisor holds
+its restart until the timeout is restored, so its next process opens channels with the
+default timeout (30 min) and is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.support.fleet import Facts, Fleet, drain_settings, eventually, start_drain
+from tests.support.nodes import PostgresNode, RabbitNode
+from tests.support.relay import RunningPartner
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(300)]
+
+ROWS = 2000
+CHANNEL_CLOSED = "delivery acknowledgement on channel"
+
+
+def _server_closed_channels(rabbit: RabbitNode) -> list[float]:
+    """When the node closed a channel for a consumer timeout (monotonic seconds), from the
+    timestamps of its own log lines (``2026-12-01 06:05:03.381922+00:00 [error] ...``)."""
+    if not rabbit.log_file.exists():
+        return []
+    text = rabbit.log_file.read_text(errors="replace")
+    offset = time.time() - time.monotonic()
+    return [
+        datetime.fromisoformat(line.split(" [", 1)[0]).timestamp() - offset
+        for line in text.splitlines()
+        if CHANNEL_CLOSED in line and "[error]" in line
+    ]
+
+
+async def test_consumer_channel_closed_by_the_server_is_noticed_and_nothing_is_lost(
+    pg: PostgresNode, rabbit: RabbitNode, partner: RunningPartner, tmp_path: Path
+) -> None:
+    assert partner.state.verify_secret is not None
+    settings = drain_settings(
+        database_url=pg.url,
+        amqp_url=rabbit.url,
+        secret=partner.state.verify_secret,
+        state_dir=tmp_path,
+    )
+    fleet = Fleet(settings, partner, tmp_path / "logs", broker=rabbit)
+    try:
+        await fleet.prepare(ROWS)
+        await asyncio.to_thread(rabbit.set_env, "channel_tick_interval", 500)
+        (first,) = await fleet.start_consumers(1)
+        assert await fleet.supervisor.wait_ready(first), "first consumer never ready"
+        bulk = f"{fleet.namespace}.deliveries"
+        firsts = await asyncio.to_thread(rabbit.consumer_channels, bulk)
+        default_timeout = await asyncio.to_thread(rabbit.get_env, "consumer_timeout")
+        await asyncio.to_thread(rabbit.set_env, "consumer_timeout", 1000)
+        try:
+            # Held: its replacement must not open channels before the timeout is restored.
+            (second,) = await fleet.start_consumers(1, hold_restarts=True)
+
+            async def second_consuming() -> bool:
+                # Its channel may be opened and closed again between two looks.
+                if await asyncio.to_thread(_server_closed_channels, rabbit):
+                    return True
+                return bool(await asyncio.to_thread(rabbit.consumer_channels, bulk) - firsts)
+
+            # Restored as soon as its consume channel exists: a restart of it (after the
+            # close, exit and restart delay) must get the default timeout.
+            assert await eventually(second_consuming, 30), "second consumer never consumed"
+        finally:
+            await asyncio.to_thread(rabbit.set_env, "consumer_timeout", default_timeout)
+        second.restarts_allowed.set()
+        fleet.note("second consumer's channel opened with a 1 s consumer_timeout")
+        fleet.start_publish_loop()
+
+        async def closed() -> bool:
+            return bool(await asyncio.to_thread(_server_closed_channels, rabbit))
+
+        assert await eventually(closed, 30), (
+            "the server never closed a channel for the consumer timeout\n" + fleet.describe()
+        )
+        closed_at = fleet.note(
+            "server closed the second consumer's channel (its log)",
+            at=(await asyncio.to_thread(_server_closed_channels, rabbit))[0],
+        )
+
+        facts = Facts(fleet)
+        exited = await fleet.supervisor.wait_exit(
+            second, 1, max(0.0, closed_at + fleet.sigterm_bound - time.monotonic())
+        )
+        if facts.check(
+            exited is not None,
+            f"the consumer whose channel the server closed did not exit within "
+            f"{fleet.sigterm_bound:.0f} s (RELAY_SHUTDOWN_GRACE_SECONDS + 10 s); it is "
+            f"{'still running' if second.running else 'gone'}",
+        ):
+            assert exited is not None
+            facts.check(
+                exited.code == 3 and not exited.requested,
+                f"expected exit code 3 after the channel closed, got: {exited}",
+            )
+        await fleet.expect_all_delivered(
+            facts, within=fleet.settings.lease_seconds + 30, since=closed_at
+        )
+        facts.check(
+            not first.exits,
+            "the consumer left alone exited: " + "; ".join(map(str, first.exits)),
+        )
+        facts.check(
+            len(await asyncio.to_thread(_server_closed_channels, rabbit)) == 1,
+            "the server closed more than the one channel set up to time out",
+        )
+        await fleet.finish(facts)
+        facts.assert_all()
+    finally:
+        await fleet.stop()
+        print(fleet.describe())
+
+
+async def test_consumer_cancelled_because_its_queue_was_deleted_exits_and_rescue_refills(
+    pg: PostgresNode, rabbit: RabbitNode, partner: RunningPartner, tmp_path: Path
+) -> None:
+    """``rabbitmqctl delete_queue`` on the bulk lane: the broker cancels both consumers
+    (basic.cancel; channels and connection stay up) and drops the queued messages.
+    Each consumer exits with code 3; a restart (or the publish run) declares the queue
+    again; the publish loop's rescue republishes the rows whose messages were deleted."""
+    rescue_after = 15.0
+    assert partner.state.verify_secret is not None
+    settings = drain_settings(
+        database_url=pg.url,
+        amqp_url=rabbit.url,
+        secret=partner.state.verify_secret,
+        state_dir=tmp_path,
+        rescue_after_seconds=rescue_after,
+    )
+    async with start_drain(settings, partner, tmp_path / "logs", rows=ROWS, broker=rabbit) as fleet:
+        await fleet.wait_delivered(ROWS // 4, timeout=60)
+        queue = f"{fleet.namespace}.deliveries"
+        fleet.note(f"rabbitmqctl delete_queue {queue}")
+        await asyncio.to_thread(rabbit.ctl, "delete_queue", queue)
+        deleted = fleet.note("queue deleted")
+
+        facts = Facts(fleet)
+        for slot in fleet.supervisor.slots:
+            exited = await fleet.supervisor.wait_exit(
+                slot, 1, max(0.0, deleted + fleet.sigterm_bound - time.monotonic())
+            )
+            facts.check(
+                exited is not None and exited.code == 3 and not exited.requested,
+                f"slot {slot.index}: expected exit code 3 within {fleet.sigterm_bound:.0f} s "
+                f"of its consumer's cancellation, got: {exited or 'no exit'}",
+            )
+        # The deleted messages come back through rescue: rescue_after, then the next run.
+        bound = rescue_after + fleet.publish_every + fleet.settings.lease_seconds + 30
+        await fleet.expect_all_delivered(facts, within=bound, since=deleted)
+        rescued = await fleet.ledger.rescued()
+        fleet.note(f"publish runs rescued {rescued} deliveries")
+        facts.check(rescued > 0, "no publish run rescued anything: the deleted rows came back how?")
+        await fleet.finish(facts)
+        facts.assert_all()
