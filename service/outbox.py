@@ -2,23 +2,57 @@
 
 An application that changes its own state and must tell someone about it (a hold
 expired, an invoice was issued) calls :func:`add_intent` on the connection of the
-transaction that makes the change. The intent is a ``deliveries`` row with
-``source = 'outbox'`` in state ``pending``, carrying its own destination and payload.
-It commits or rolls back together with the state change, so there is never an email
-about an expiry that did not happen, nor an expiry whose email is lost.
+transaction that makes the change, before that transaction commits::
 
-From there the intent is an ordinary delivery: the next ``relay publish`` run's pending
-sweep publishes it, a consumer claims it and sends it with its idempotency key, and
-retries, dead letters, replay and rescue apply as to any other row. The latency from
-commit to first attempt is therefore up to one publish period (the CronJob schedule),
-plus the consumer's queue time.
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(..., hold_id)          # the state change
+        await outbox.add_intent(
+            conn,
+            key=f"hold:{hold_id}:expired:email",
+            channel="email",
+            destination=customer_email,
+            payload={"subject": "Your hold expired", "text": "..."},
+        )
+
+The intent is a ``deliveries`` row with ``source = 'outbox'`` in state ``pending``,
+carrying its own destination and payload. It commits or rolls back together with the
+state change, so there is never an email about an expiry that did not happen, nor an
+expiry whose email is lost.
+
+**The key is the business identity of the event**, never a random id or the time of
+the call: ``"hold:<id>:expired:email"`` — what happened, to what, on which channel.
+It is stored as ``ledger.outbox_key(key)`` (``"outbox:" + key``), is unique across the
+ledger and is sent to the receiver as its idempotency key. So an application
+transaction that is retried, or a job that runs twice, adds the intent once: a key
+that already exists inserts nothing, and the first intent's destination and payload
+stand. A transaction adding a key that another open transaction just added waits for
+that one to commit or roll back. Keys are 1 to ``MAX_KEY_CHARS`` visible ASCII
+characters.
+
+From there the intent is an ordinary delivery: nothing is published from
+:func:`add_intent`; the next ``relay publish`` run's pending sweep publishes it, a
+consumer claims it and sends it with its idempotency key, and retries, dead letters,
+replay and rescue apply as to any other row. The latency from commit to first attempt
+is therefore up to one publish period (the CronJob schedule), plus the consumer's queue
+time. ``provider`` selects the rate budget (default: the channel name, as for
+reminders); ``urgent`` sends it through the urgent lane.
 
 Differences from scheduled deliveries, on purpose:
 
 * The destination and payload are stored with the intent and sent as committed; a
   reminder's are read at send time. An intent is never cancelled, never stale and
   never skipped by the consumer's pre-send checks.
-* There is no ``reminder_id``: the intent's identity is its key (below).
+* There is no ``reminder_id``: the intent's identity is its key.
+
+:func:`add_intent` checks ``channel`` and the destination's shape: a webhook
+destination must be an http(s) URL without credentials
+(``service.netpolicy.url_problem``); email and SMS destinations must be non-empty. The
+payload must be a JSON object; the channel adapter checks its keys at send time
+(email: ``subject`` and ``text``; SMS: ``body``).
+
+The connection needs the json/jsonb codecs: a connection from
+``service.db.create_pool`` has them; for your own connections see
+:func:`prepare_connection`.
 
 This module owns the intent's validation and the one insert. Its SQL is the named
 block ``insert_outbox_intent`` in ``sql/queries.sql``.
@@ -120,43 +154,9 @@ async def add_intent(
 ) -> int | None:
     """Add a pending delivery intent inside the caller's open transaction.
 
-    Call it with the connection of the transaction that makes the state change the
-    intent reports, before that transaction commits::
-
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(..., hold_id)          # the state change
-            await outbox.add_intent(
-                conn,
-                key=f"hold:{hold_id}:expired:email",
-                channel="email",
-                destination=customer_email,
-                payload={"subject": "Your hold expired", "text": "..."},
-            )
-
-    **The key is the business identity of the event**, never a random id or the time
-    of the call: ``"hold:<id>:expired:email"`` — what happened, to what, on which
-    channel. It is stored as ``ledger.outbox_key(key)`` (``"outbox:" + key``), is
-    unique across the ledger and is sent to the receiver as its idempotency key. So
-    an application transaction that is retried, or a job that runs twice, adds the
-    intent once: a key that already exists inserts nothing, and the first intent's
-    destination and payload stand. A transaction adding a key that another open
-    transaction just added waits for that one to commit or roll back. Keys are 1 to
-    ``MAX_KEY_CHARS`` visible ASCII characters.
-
-    The intent is relayed by the next ``relay publish`` run (its pending sweep), so
-    it is attempted within about one CronJob period of the commit; nothing is
-    published from here. ``provider`` selects the rate budget (default: the channel
-    name, as for reminders); ``urgent`` sends it through the urgent lane.
-
-    ``channel`` and the destination's shape are checked here: a webhook destination
-    must be an http(s) URL without credentials (``service.netpolicy.url_problem``);
-    email and SMS destinations must be non-empty. The payload must be a JSON object;
-    the channel adapter checks its keys at send time (email: ``subject`` and
-    ``text``; SMS: ``body``).
-
-    The connection needs the json/jsonb codecs: a connection from
-    ``service.db.create_pool`` has them; for your own connections see
-    :func:`prepare_connection`.
+    ``key`` is the business identity of the event (``"hold:<id>:expired:email"``),
+    never a random id: a key that already exists inserts nothing. The module docstring
+    shows the call and says what is checked here and what at send time.
 
     Returns the new delivery id, or None when the key already exists.
 

@@ -9,6 +9,10 @@ This module owns the calendar arithmetic of reminder-relay and nothing else:
 * deciding, for a reminder that has fallen due, which owed occurrences to send and which
   to record as skipped (:func:`plan_due`), according to the missed-run policy.
 
+The wall-clock arithmetic itself (a daily time or a cron expression in a zone, through
+DST gaps and overlaps, as UTC instants) is in ``service.recurrence``; this module is the
+door to it and the only module that validates.
+
 It is pure: no I/O of its own, no global clock (the current time is always an argument)
 and no mutable state. The only outside data is the IANA database read by ``zoneinfo``.
 The rules are documented, with examples, in ``docs/schedules.md``.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from datetime import UTC, datetime, time, timedelta
 from functools import lru_cache
 from typing import Any, Literal, Protocol, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -27,6 +31,8 @@ from croniter import (  # type: ignore[import-untyped,unused-ignore]
     CroniterBadDateError,
     croniter,
 )
+
+from service import recurrence
 
 __all__ = [
     "MAX_OWED_LISTED",
@@ -65,7 +71,6 @@ SKIP_TRUNCATED = "truncated"
 MAX_OWED_LISTED = 1_000
 
 _ONE_US = timedelta(microseconds=1)
-_ONE_S = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -224,103 +229,7 @@ def _require_aware(name: str, value: object) -> datetime:
     return value.astimezone(UTC)
 
 
-# ------------------------------------------------------------------ wall time -> UTC
-
-
-def _to_utc(wall: datetime, tz: tzinfo) -> datetime:
-    """Map a naive local wall time to the instant it fires at.
-
-    * exists once  -> that instant;
-    * exists twice (fall-back overlap) -> the first, earlier instant (fold=0);
-    * does not exist (spring-forward gap) -> the transition instant, i.e. the first valid
-      instant after the gap (02:30 Europe/Berlin on a spring-forward day -> 03:00 CEST).
-    """
-    utc = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
-    if utc.astimezone(tz).replace(tzinfo=None) == wall:
-        return utc
-    return _gap_transition(wall, tz)
-
-
-def _gap_transition(wall: datetime, tz: tzinfo) -> datetime:
-    # In a gap, fold=0/1 interpret the wall time with the offsets in force before/after
-    # the transition; the transition instant lies between the two readings. zoneinfo
-    # has no public "transitions" API, so binary-search it: before the transition every
-    # instant reads as a wall time before `wall`, from the transition on, after it.
-    # TZif transitions fall on whole UTC seconds, so searching whole seconds is exact.
-    a = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
-    b = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
-    lo, hi = min(a, b), max(a, b)
-
-    def after_gap(t: datetime) -> bool:
-        return t.astimezone(tz).replace(tzinfo=None) > wall
-
-    if after_gap(lo) or not after_gap(hi):  # pragma: no cover - not a simple gap
-        return hi
-    lo_s, hi_s = 0, int((hi - lo) // _ONE_S)  # after_gap(lo + lo_s) False, (lo + hi_s) True
-    while hi_s - lo_s > 1:
-        mid = (lo_s + hi_s) // 2
-        if after_gap(lo + mid * _ONE_S):
-            hi_s = mid
-        else:
-            lo_s = mid
-    return lo + hi_s * _ONE_S
-
-
-# ------------------------------------------------------------------ candidate streams
-#
-# A daily or cron schedule is a sequence of local wall times. Mapping wall times to
-# instants with _to_utc is non-decreasing (a gap sends several wall times to one
-# transition instant; an overlap uses only the first pass), so walking the wall times
-# in order and dropping any instant not strictly beyond the last one yields a strictly
-# increasing, duplicate-free sequence of instants.
-#
-# Where to start walking, going forward from instant `after`: a wall time w <= wall(after)
-# always maps to an instant <= after, so starting just after wall(after) is enough.
-# Going backward from instant `at`: if `at` is in the second pass of an overlap, wall
-# times up to the end of the overlap map to the first pass (before `at`), so the walk
-# starts that much later in wall time.
-
-
-def _walls_forward(schedule: Schedule, start: datetime) -> Iterator[datetime]:
-    """Naive local wall times of the schedule, increasing, all >= the date of ``start``."""
-    if schedule.kind == "daily":
-        assert schedule.daily_at is not None
-        at = schedule.daily_at.replace(fold=0)
-        day = start.date()
-        while True:
-            yield datetime.combine(day, at)
-            if day == date.max:
-                return
-            day += timedelta(days=1)
-    assert schedule.cron is not None
-    it = croniter(schedule.cron, start - _ONE_US)  # get_next is strict: include `start`
-    while True:
-        try:
-            yield it.get_next(datetime)
-        except CroniterBadDateError:  # ran off the end of the calendar
-            return
-
-
-def _walls_backward(schedule: Schedule, start: datetime) -> Iterator[datetime]:
-    """Naive local wall times of the schedule, decreasing, all <= ``start``."""
-    if schedule.kind == "daily":
-        assert schedule.daily_at is not None
-        at = schedule.daily_at.replace(fold=0)
-        day = start.date()
-        while True:
-            wall = datetime.combine(day, at)
-            if wall <= start:
-                yield wall
-            if day == date.min:
-                return
-            day -= timedelta(days=1)
-    assert schedule.cron is not None
-    it = croniter(schedule.cron, start + _ONE_US)  # get_prev is strict: include `start`
-    while True:
-        try:
-            yield it.get_prev(datetime)
-        except CroniterBadDateError:
-            return
+# ------------------------------------------------------------------ occurrence streams
 
 
 def _iter_after(schedule: Schedule, after: datetime) -> Iterator[datetime]:
@@ -331,13 +240,7 @@ def _iter_after(schedule: Schedule, after: datetime) -> Iterator[datetime]:
         if due > after:
             yield due
         return
-    tz = _zone(schedule.timezone)
-    last = after
-    for wall in _walls_forward(schedule, after.astimezone(tz).replace(tzinfo=None)):
-        occ = _to_utc(wall, tz)
-        if occ > last:
-            yield occ
-            last = occ
+    yield from recurrence.instants_after(_rule(schedule), _zone(schedule.timezone), after)
 
 
 def _iter_at_or_before(schedule: Schedule, at: datetime) -> Iterator[datetime]:
@@ -348,22 +251,14 @@ def _iter_at_or_before(schedule: Schedule, at: datetime) -> Iterator[datetime]:
         if due <= at:
             yield due
         return
-    tz = _zone(schedule.timezone)
-    local = at.astimezone(tz)
-    start = local.replace(tzinfo=None)
-    if local.fold:
-        # Second pass of an overlap: wall times up to the overlap's end (earlier by the
-        # size of the shift) already fired during the first pass.
-        first_pass = local.replace(fold=0).utcoffset()
-        second_pass = local.utcoffset()
-        assert first_pass is not None and second_pass is not None
-        start += max(first_pass - second_pass, timedelta(0))
-    last = at + _ONE_US
-    for wall in _walls_backward(schedule, start):
-        occ = _to_utc(wall, tz)
-        if occ < last:
-            yield occ
-            last = occ
+    yield from recurrence.instants_at_or_before(_rule(schedule), _zone(schedule.timezone), at)
+
+
+def _rule(schedule: Schedule) -> recurrence.Rule:
+    """The wall-clock rule of a recurring (daily or cron) schedule."""
+    rule = schedule.daily_at if schedule.kind == "daily" else schedule.cron
+    assert rule is not None
+    return rule
 
 
 def _first(it: Iterator[datetime]) -> datetime | None:
@@ -441,6 +336,20 @@ def plan_due(
     validate(schedule)
     stored = _require_aware("next_due_at", next_due_at)
     now = _require_aware("now", now)
+    _check_missed_policy(policy, misfire_grace, catch_up_limit)
+    if stored > now:
+        return Plan(send=[], skipped=[], next_due_at=stored)
+
+    owed, truncated = _owed(schedule, stored, now)
+    send, skipped = _apply_policy(owed, now, policy, misfire_grace, catch_up_limit)
+    if truncated:
+        oldest = _first(_iter_after(schedule, stored - _ONE_US))
+        assert oldest is not None and (not owed or oldest < owed[0])
+        skipped.insert(0, (oldest, SKIP_TRUNCATED))
+    return Plan(send=send, skipped=skipped, next_due_at=_first(_iter_after(schedule, now)))
+
+
+def _check_missed_policy(policy: object, misfire_grace: object, catch_up_limit: object) -> None:
     if policy not in _POLICIES:
         raise ScheduleError(
             f"unknown missed policy {policy!r} (expected one of {', '.join(_POLICIES)})"
@@ -452,38 +361,35 @@ def plan_due(
     if catch_up_limit < 0:
         raise ScheduleError(f"catch_up_limit must be >= 0, got {catch_up_limit}")
 
-    if stored > now:
-        return Plan(send=[], skipped=[], next_due_at=stored)
 
+def _owed(schedule: Schedule, stored: datetime, now: datetime) -> tuple[list[datetime], bool]:
+    """Owed occurrences in ``[stored, now]``, increasing: the newest :data:`MAX_OWED_LISTED`,
+    and whether older ones were left out."""
     # Walk back from `now` so that, however long the outage, only the newest
     # MAX_OWED_LISTED occurrences are ever materialised.
     newest_first: list[datetime] = []
-    truncated = False
     for occ in _iter_at_or_before(schedule, now):
         if occ < stored:
             break
         if len(newest_first) == MAX_OWED_LISTED:
-            truncated = True
-            break
+            return newest_first[::-1], True
         newest_first.append(occ)
-    owed = newest_first[::-1]
+    return newest_first[::-1], False
 
-    send: list[datetime]
-    skipped: list[tuple[datetime, str]]
+
+def _apply_policy(
+    owed: list[datetime],
+    now: datetime,
+    policy: MissedPolicy,
+    misfire_grace: timedelta,
+    catch_up_limit: int,
+) -> tuple[list[datetime], list[tuple[datetime, str]]]:
+    """Split the owed occurrences into (to send, skipped with a reason) by ``policy``."""
     if policy == "catch_up":
         cut = max(len(owed) - catch_up_limit, 0)
-        send = owed[cut:]
-        skipped = [(occ, SKIP_CATCH_UP_LIMIT) for occ in owed[:cut]]
-    elif policy == "latest":
-        send = owed[-1:]
-        skipped = [(occ, SKIP_MISSED) for occ in owed[:-1]]
-    else:
-        send = [occ for occ in owed if now - occ <= misfire_grace]
-        skipped = [(occ, SKIP_MISSED) for occ in owed if now - occ > misfire_grace]
-
-    if truncated:
-        oldest = _first(_iter_after(schedule, stored - _ONE_US))
-        assert oldest is not None and (not owed or oldest < owed[0])
-        skipped.insert(0, (oldest, SKIP_TRUNCATED))
-
-    return Plan(send=send, skipped=skipped, next_due_at=_first(_iter_after(schedule, now)))
+        return owed[cut:], [(occ, SKIP_CATCH_UP_LIMIT) for occ in owed[:cut]]
+    if policy == "latest":
+        return owed[-1:], [(occ, SKIP_MISSED) for occ in owed[:-1]]
+    send = [occ for occ in owed if now - occ <= misfire_grace]
+    skipped = [(occ, SKIP_MISSED) for occ in owed if now - occ > misfire_grace]
+    return send, skipped

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import propagate, trace
@@ -49,8 +49,9 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Metrics:
-    """The instruments."""
+    """The instruments, grouped as in ``docs/metrics.md``."""
 
+    # Delivery: recorded by the consumer.
     attempts: Counter
     send_duration: Histogram
     budget_wait: Histogram
@@ -62,140 +63,190 @@ class Metrics:
     skipped: Counter
     redelays: Counter
     poison: Counter
+    # Publish runs, rescue and replay: recorded by the publisher's commands.
     replays: Counter
     rescues: Counter
     scheduler_lag: Histogram
     run_due: Counter
     run_created: Counter
     run_published: Counter
+    # What the gauges report, refreshed by the consumer's sampler.
     snapshot: Snapshot
 
     @classmethod
     def create(cls, meter: Meter) -> Metrics:
+        """Register every instrument on ``meter``; the gauges read the new ``snapshot``."""
         snapshot = Snapshot()
-
-        def counter(name: str, unit: str, description: str) -> Counter:
-            return meter.create_counter(name, unit, description)
-
-        def histogram(name: str, description: str, buckets: Iterable[float]) -> Histogram:
-            return meter.create_histogram(
-                name, "s", description, explicit_bucket_boundaries_advisory=list(buckets)
-            )
-
-        def gauge(
-            name: str, unit: str, description: str, read: Callable[[], Iterable[Observation]]
-        ) -> None:
-            def callback(_: CallbackOptions) -> Iterable[Observation]:
-                return list(read())
-
-            meter.create_observable_gauge(name, [callback], unit, description)
-
-        gauge(
-            "relay.queue.depth",
-            "{message}",
-            "Messages ready in each queue",
-            lambda: [Observation(n, {"queue": q}) for q, n in snapshot.queue_depth.items()],
-        )
-        gauge(
-            "relay.deliveries",
-            "{delivery}",
-            "Ledger rows by state",
-            lambda: [Observation(n, {"state": s}) for s, n in snapshot.states.items()],
-        )
-        gauge(
-            "relay.deliveries.oldest_claimable.age",
-            "s",
-            "Age of the oldest delivery that could be worked now (not waiting for a retry)",
-            lambda: [Observation(snapshot.oldest_claimable_seconds)],
-        )
-        gauge(
-            "relay.run.completion_ratio",
-            "1",
-            "Delivered or deliberately skipped, over all rows of the latest publish run",
-            lambda: _optional(snapshot.latest_run_completion),
-        )
-        gauge(
-            "relay.run.age",
-            "s",
-            "Time since the latest publish run's intended fire time",
-            lambda: _optional(snapshot.latest_run_age_seconds),
-        )
-        gauge(
-            "relay.run.lag",
-            "s",
-            "Scheduler lag of the latest publish run",
-            lambda: _optional(snapshot.latest_run_lag_seconds),
-        )
-        gauge(
-            "relay.consumer.ready",
-            "1",
-            "1 while connected to broker and database and consuming",
-            lambda: [Observation(1 if snapshot.ready else 0)],
-        )
+        _register_gauges(meter, snapshot)
         return cls(
-            attempts=counter(
-                "relay.delivery.attempts", "{attempt}", "Delivery attempts by outcome"
-            ),
-            send_duration=histogram(
-                "relay.delivery.send.duration", "Time of one provider request", _LATENCY_BUCKETS
-            ),
-            budget_wait=histogram(
-                "relay.budget.wait.duration", "Time spent waiting for rate budget", _WAIT_BUCKETS
-            ),
-            throttles=counter(
-                "relay.budget.throttles",
-                "{response}",
-                "Throttle answers that paused a provider's budget",
-            ),
-            deferrals=counter(
-                "relay.delivery.deferrals",
-                "{delivery}",
-                "Sends deferred without an attempt (budget, circuit, share)",
-            ),
-            duplicates=counter(
-                "relay.delivery.duplicates",
-                "{message}",
-                "Messages for rows already final: acked without sending",
-            ),
-            dead_letters=counter(
-                "relay.delivery.dead_letters",
-                "{message}",
-                "Messages sent to the dead-letter exchange",
-            ),
-            retries_scheduled=counter(
-                "relay.delivery.retries", "{delivery}", "Retries scheduled through the delay tiers"
-            ),
-            skipped=counter(
-                "relay.delivery.skipped", "{delivery}", "Deliveries skipped on purpose, by reason"
-            ),
-            redelays=counter(
-                "relay.delivery.redelays",
-                "{message}",
-                "Messages parked again because their row was not due yet",
-            ),
-            poison=counter(
-                "relay.delivery.poison", "{message}", "Malformed or unknown messages dead-lettered"
-            ),
-            replays=counter(
-                "relay.replay.deliveries", "{delivery}", "Deliveries replayed by an operator"
-            ),
-            rescues=counter(
-                "relay.rescue.deliveries", "{delivery}", "Deliveries republished by rescue"
-            ),
-            scheduler_lag=histogram(
-                "relay.scheduler.lag", "Intended fire time to publish run start", _LAG_BUCKETS
-            ),
-            run_due=counter(
-                "relay.publish.due", "{occurrence}", "Occurrences found owed by publish runs"
-            ),
-            run_created=counter(
-                "relay.publish.created", "{delivery}", "Ledger rows created by publish runs"
-            ),
-            run_published=counter(
-                "relay.publish.published", "{message}", "Messages confirmed by the broker"
-            ),
+            **_delivery_instruments(meter),
+            **_run_instruments(meter),
             snapshot=snapshot,
         )
+
+
+# The two groups of counters and histograms as typed keyword arguments of ``Metrics``, so
+# mypy checks each name and type against the fields above.
+class _DeliveryInstruments(TypedDict):
+    attempts: Counter
+    send_duration: Histogram
+    budget_wait: Histogram
+    throttles: Counter
+    deferrals: Counter
+    duplicates: Counter
+    dead_letters: Counter
+    retries_scheduled: Counter
+    skipped: Counter
+    redelays: Counter
+    poison: Counter
+
+
+class _RunInstruments(TypedDict):
+    replays: Counter
+    rescues: Counter
+    scheduler_lag: Histogram
+    run_due: Counter
+    run_created: Counter
+    run_published: Counter
+
+
+def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
+    """The consumer's counters and histograms: one request, one message, one delivery."""
+    return _DeliveryInstruments(
+        attempts=meter.create_counter(
+            "relay.delivery.attempts", "{attempt}", "Delivery attempts by outcome"
+        ),
+        send_duration=_seconds_histogram(
+            meter, "relay.delivery.send.duration", "Time of one provider request", _LATENCY_BUCKETS
+        ),
+        budget_wait=_seconds_histogram(
+            meter,
+            "relay.budget.wait.duration",
+            "Time spent waiting for rate budget",
+            _WAIT_BUCKETS,
+        ),
+        throttles=meter.create_counter(
+            "relay.budget.throttles",
+            "{response}",
+            "Throttle answers that paused a provider's budget",
+        ),
+        deferrals=meter.create_counter(
+            "relay.delivery.deferrals",
+            "{delivery}",
+            "Sends deferred without an attempt (budget, circuit, share)",
+        ),
+        duplicates=meter.create_counter(
+            "relay.delivery.duplicates",
+            "{message}",
+            "Messages for rows already final: acked without sending",
+        ),
+        dead_letters=meter.create_counter(
+            "relay.delivery.dead_letters",
+            "{message}",
+            "Messages sent to the dead-letter exchange",
+        ),
+        retries_scheduled=meter.create_counter(
+            "relay.delivery.retries", "{delivery}", "Retries scheduled through the delay tiers"
+        ),
+        skipped=meter.create_counter(
+            "relay.delivery.skipped", "{delivery}", "Deliveries skipped on purpose, by reason"
+        ),
+        redelays=meter.create_counter(
+            "relay.delivery.redelays",
+            "{message}",
+            "Messages parked again because their row was not due yet",
+        ),
+        poison=meter.create_counter(
+            "relay.delivery.poison", "{message}", "Malformed or unknown messages dead-lettered"
+        ),
+    )
+
+
+def _run_instruments(meter: Meter) -> _RunInstruments:
+    """The publisher's counters and histogram: publish runs, rescue and replay."""
+    return _RunInstruments(
+        replays=meter.create_counter(
+            "relay.replay.deliveries", "{delivery}", "Deliveries replayed by an operator"
+        ),
+        rescues=meter.create_counter(
+            "relay.rescue.deliveries", "{delivery}", "Deliveries republished by rescue"
+        ),
+        scheduler_lag=_seconds_histogram(
+            meter, "relay.scheduler.lag", "Intended fire time to publish run start", _LAG_BUCKETS
+        ),
+        run_due=meter.create_counter(
+            "relay.publish.due", "{occurrence}", "Occurrences found owed by publish runs"
+        ),
+        run_created=meter.create_counter(
+            "relay.publish.created", "{delivery}", "Ledger rows created by publish runs"
+        ),
+        run_published=meter.create_counter(
+            "relay.publish.published", "{message}", "Messages confirmed by the broker"
+        ),
+    )
+
+
+def _seconds_histogram(
+    meter: Meter, name: str, description: str, buckets: Iterable[float]
+) -> Histogram:
+    return meter.create_histogram(
+        name, "s", description, explicit_bucket_boundaries_advisory=list(buckets)
+    )
+
+
+def _register_gauges(meter: Meter, snapshot: Snapshot) -> None:
+    """The observable gauges; each reads ``snapshot`` when the reader collects."""
+
+    def gauge(
+        name: str, unit: str, description: str, read: Callable[[], Iterable[Observation]]
+    ) -> None:
+        def callback(_: CallbackOptions) -> Iterable[Observation]:
+            return list(read())
+
+        meter.create_observable_gauge(name, [callback], unit, description)
+
+    gauge(
+        "relay.queue.depth",
+        "{message}",
+        "Messages ready in each queue",
+        lambda: [Observation(n, {"queue": q}) for q, n in snapshot.queue_depth.items()],
+    )
+    gauge(
+        "relay.deliveries",
+        "{delivery}",
+        "Ledger rows by state",
+        lambda: [Observation(n, {"state": s}) for s, n in snapshot.states.items()],
+    )
+    gauge(
+        "relay.deliveries.oldest_claimable.age",
+        "s",
+        "Age of the oldest delivery that could be worked now (not waiting for a retry)",
+        lambda: [Observation(snapshot.oldest_claimable_seconds)],
+    )
+    gauge(
+        "relay.run.completion_ratio",
+        "1",
+        "Delivered or deliberately skipped, over all rows of the latest publish run",
+        lambda: _optional(snapshot.latest_run_completion),
+    )
+    gauge(
+        "relay.run.age",
+        "s",
+        "Time since the latest publish run's intended fire time",
+        lambda: _optional(snapshot.latest_run_age_seconds),
+    )
+    gauge(
+        "relay.run.lag",
+        "s",
+        "Scheduler lag of the latest publish run",
+        lambda: _optional(snapshot.latest_run_lag_seconds),
+    )
+    gauge(
+        "relay.consumer.ready",
+        "1",
+        "1 while connected to broker and database and consuming",
+        lambda: [Observation(1 if snapshot.ready else 0)],
+    )
 
 
 def _optional(value: float | None) -> list[Observation]:

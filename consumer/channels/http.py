@@ -4,9 +4,10 @@ Owns the parts every HTTP adapter must do the same way: the one lazily created
 session per adapter (no cookies, no environment proxies unless asked, an optional
 resolver such as the webhook's address policy), one POST that never follows a
 redirect and reads the body within a byte budget, the config checks every adapter
-shares, the idempotency-key check, turning bytes into a bounded log-safe excerpt,
-classifying a status code into an ``Outcome``, and mapping transport exceptions
-(timeouts, refused connections) to retryable outcomes.
+shares, the idempotency-key check, classifying a status code into an ``Outcome``, and
+mapping transport exceptions (timeouts, refused connections) to retryable outcomes.
+Reading an answer's text (Retry-After, a log-safe excerpt, a JSON body, a provider's
+token) is in ``consumer.channels.text``, re-exported here for the adapters.
 
 Provider specifics (request shape, signing, receipts, error names) stay in the
 adapters. Nothing here logs, and nothing here ever sees a secret.
@@ -14,13 +15,11 @@ adapters. Nothing here logs, and nothing here ever sees a secret.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 import aiohttp
@@ -29,6 +28,9 @@ from aiohttp.abc import AbstractResolver
 from pydantic import SecretStr
 
 from consumer.channels.base import Outcome, OutcomeKind
+
+# Re-exported: the adapters call them through this module (``http.excerpt(...)``).
+from consumer.channels.text import excerpt, parse_retry_after, safe_token, try_json_object
 from service.netpolicy import url_problem
 
 __all__ = [
@@ -53,34 +55,6 @@ __all__ = [
     "transport_outcome",
     "try_json_object",
 ]
-
-
-def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Seconds to wait according to a Retry-After header value, or None.
-
-    Accepts delta-seconds (``"120"``) and an HTTP-date
-    (``"Wed, 21 Oct 2015 07:28:00 GMT"``); a date in the past means 0. Anything
-    unparseable, negative or non-finite yields None, leaving the delay to the
-    retry policy. No upper cap is applied here: clamping is policy, not parsing.
-    A naive ``now`` is taken to be UTC.
-    """
-    if value is None:
-        return None
-    text = value.strip()
-    if not text:
-        return None
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        seconds = float(text)
-        return seconds if math.isfinite(seconds) else None
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)  # RFC 9110 dates are always GMT
-    if now.tzinfo is None:
-        now = now.replace(tzinfo=UTC)
-    return max(0.0, (when - now).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -114,43 +88,6 @@ async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> BoundedB
         complete = False
     data = b"".join(chunks)
     return BoundedBody(data=data[:limit], truncated=len(data) > limit, complete=complete)
-
-
-def excerpt(data: bytes, limit: int) -> str | None:
-    """A log-safe excerpt: at most ``limit`` bytes, decoded with errors='replace'.
-
-    Cutting may split a multi-byte character; that becomes U+FFFD rather than an
-    error. Control characters other than tab/newline are replaced too, so an
-    excerpt cannot forge log lines or terminal escapes.
-    """
-    if limit <= 0 or not data:
-        return None
-    text = data[:limit].decode("utf-8", errors="replace")
-    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "\ufffd", text)
-
-
-def try_json_object(data: bytes) -> dict[str, Any] | None:
-    """Parse ``data`` as a JSON object, or None if it is not one."""
-    try:
-        parsed = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-_TOKEN_UNSAFE = re.compile(r"[^A-Za-z0-9._:/+=-]")
-
-
-def safe_token(value: object, max_len: int = 128) -> str | None:
-    """A provider identifier (message id, error name) reduced to safe characters.
-
-    Provider ids are opaque tokens; anything outside a conservative alphabet is
-    dropped so a hostile or buggy response cannot inject text into our records.
-    """
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        return None
-    cleaned = _TOKEN_UNSAFE.sub("", str(value))[:max_len]
-    return cleaned or None
 
 
 def classify_status(

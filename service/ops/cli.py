@@ -15,7 +15,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import uvloop
 
@@ -44,16 +44,32 @@ HANDLERS = {
 }
 
 
+# The subcommands' parsers (argparse's type for it is private).
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``relay`` parser; ``relay --help`` lists the subcommands in this order."""
     parser = argparse.ArgumentParser(
         prog="relay",
         description="Deliver scheduled reminders: one logical event per delivery, none lost.",
         epilog="Settings come from RELAY_* environment variables (see README).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
     sub.add_parser("migrate", help="apply database migrations (idempotent)")
+    _add_reminders(sub)
+    _add_publish_and_rescue(sub)
+    _add_replay(sub)
+    _add_consume(sub)
+    _add_status(sub)
+    _add_destinations(sub)
+    sub.add_parser("pause", help="pause admission: publish runs record and exit")
+    sub.add_parser("resume", help="resume admission")
+    _add_partner_and_demo(sub)
+    return parser
 
+
+def _add_reminders(sub: Subcommands) -> None:
     rem = sub.add_parser("reminders", help="load, list, show or cancel reminders")
     rsub = rem.add_subparsers(dest="action", required=True, metavar="ACTION")
     load = rsub.add_parser("load", help="upsert reminders from a JSON Lines file (- = stdin)")
@@ -67,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = rsub.add_parser("cancel", help="deactivate a reminder (queued sends are skipped)")
     cancel.add_argument("id")
 
+
+def _add_publish_and_rescue(sub: Subcommands) -> None:
     pub = sub.add_parser("publish", help="one discovery run (CronJob)")
     pub.add_argument(
         "--scheduled-at",
@@ -75,11 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("rescue", help="republish rows whose message was lost")
 
+
+def _add_replay(sub: Subcommands) -> None:
     rep = sub.add_parser("replay", help="replay dead letters (from the queue or the ledger)")
     rep.add_argument("--from", dest="source", choices=["queue", "ledger"], default="queue")
     rep.add_argument("--apply", action="store_true", help="do it (default: dry run)")
     rep.add_argument("--dry-run", action="store_true", help="print what would happen (default)")
     rep.add_argument("--limit", type=int, default=1000)
+    # Which ledger rows to replay (with --from ledger).
     rep.add_argument(
         "--state",
         action="append",
@@ -96,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--last-status", type=int, default=None)
     rep.add_argument("--operator", default=os.environ.get("USER", "unknown"))
 
+
+def _add_consume(sub: Subcommands) -> None:
     con = sub.add_parser("consume", help="consume and deliver until SIGTERM (Deployment)")
     con.add_argument(
         "--check",
@@ -103,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="probe: exit 0 if the database and broker are reachable",
     )
 
+
+def _add_status(sub: Subcommands) -> None:
     st = sub.add_parser("status", help="per-run report: who got it and who did not")
     st.add_argument("--run", type=int, default=None)
     st.add_argument("--runs", type=int, default=10, help="how many recent runs")
@@ -115,24 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--limit", type=int, default=1000)
     st.add_argument("--json", action="store_true")
 
+
+def _add_destinations(sub: Subcommands) -> None:
     dst = sub.add_parser("destinations", help="destinations disabled by a 410 Gone")
     dsub = dst.add_subparsers(dest="action", required=True, metavar="ACTION")
     dsub.add_parser("list", help="list disabled destinations")
     enable = dsub.add_parser("enable", help="enable a destination again (reactivate reminders)")
     enable.add_argument("destination")
 
-    sub.add_parser("pause", help="pause admission: publish runs record and exit")
-    sub.add_parser("resume", help="resume admission")
 
+def _add_partner_and_demo(sub: Subcommands) -> None:
     par = sub.add_parser("partner", help="run the demo partner endpoint (honours keys)")
     par.add_argument("--host", default="127.0.0.1")
     par.add_argument("--port", type=int, default=8090)
-
     demo = sub.add_parser("demo", help="the whole pipeline on this machine, then a report")
     demo.add_argument("--reminders", type=int, default=1000)
     demo.add_argument("--consumers", type=int, default=2)
     demo.add_argument("--keep", action="store_true", help="leave the demo's data in place")
-    return parser
 
 
 def resolve(name: str) -> Handler:

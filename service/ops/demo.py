@@ -20,8 +20,10 @@ import secrets
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
@@ -83,28 +85,26 @@ def _reminder_lines(count: int, port: int) -> list[str]:
     return lines
 
 
-async def _run(cmd: list[str], env: dict[str, str], **kwargs: object) -> int:
-    proc = await asyncio.create_subprocess_exec(*cmd, env=env, **kwargs)  # type: ignore[arg-type]
-    return await proc.wait()
+@dataclass(frozen=True)
+class _Relay:
+    """Runs ``relay`` subcommands as subprocesses, exactly as an operator would."""
+
+    env: dict[str, str]  # points them at the demo's database, broker namespace and partner
+
+    async def run(self, *argv: str, stderr: IO[Any] | None = None) -> int:
+        """Run one subcommand to completion; its exit code."""
+        proc = await self.start(*argv, stderr=stderr)
+        return await proc.wait()
+
+    async def start(self, *argv: str, stderr: IO[Any] | None = None) -> asyncio.subprocess.Process:
+        """Start one subcommand; the caller waits for it."""
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "service.ops.cli", *argv, env=self.env, stderr=stderr
+        )
 
 
-async def _open_rows(pool: asyncpg.Pool) -> int:
-    return int(await pool.fetchval(db.q("open_count")))
-
-
-async def main(args: argparse.Namespace, settings: Settings) -> int:
-    relay = [sys.executable, "-m", "service.ops.cli"]
-    print("== reminder-relay demo ==", flush=True)
-    database_url = await _fresh_database(settings)
-    await _fresh_namespace(settings)
-    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
-    partner = partner_mod.Partner(verify_secret=secret)
-    partner.rules["flaky"] = partner_mod.PathRule(status=503, first_n_per_key=1)
-    partner.rules["rejecting"] = partner_mod.PathRule(status=400)
-    runner, port = await partner_mod.start(partner)
-    state_dir = Path(settings.state_dir) / "demo"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    env = {
+def _demo_env(database_url: str, secret: str) -> dict[str, str]:
+    return {
         **os.environ,
         "RELAY_DATABASE_URL": database_url,
         "RELAY_AMQP_NAMESPACE": DEMO_NAMESPACE,
@@ -113,64 +113,119 @@ async def main(args: argparse.Namespace, settings: Settings) -> int:
         "RELAY_RETRY_BASE_SECONDS": "1",
         "RELAY_HEALTH_PORT": "0",
     }
+
+
+def _demo_partner(secret: str) -> partner_mod.Partner:
+    """The partner endpoint, with one path that fails once per key and one that rejects."""
+    partner = partner_mod.Partner(verify_secret=secret)
+    partner.rules["flaky"] = partner_mod.PathRule(status=503, first_n_per_key=1)
+    partner.rules["rejecting"] = partner_mod.PathRule(status=400)
+    return partner
+
+
+async def _migrate_and_load(relay: _Relay, state_dir: Path, count: int, port: int) -> bool:
+    """``relay migrate``, then ``relay reminders load`` of ``count`` reminders due now."""
+    if await relay.run("migrate") != 0:
+        return False
+    reminders_file = state_dir / "reminders.jsonl"
+    reminders_file.write_text("\n".join(_reminder_lines(count, port)) + "\n")
+    print(f"-- loading {count} reminders due now", flush=True)
+    return await relay.run("reminders", "load", str(reminders_file)) == 0
+
+
+async def _publish(relay: _Relay, state_dir: Path) -> None:
+    """One ``relay publish`` run; a failed run is reported, and the demo goes on."""
+    print("-- publish run (discovery)", flush=True)
+    with open(state_dir / "publish.log", "w") as publish_log:
+        code = await relay.run("publish", stderr=publish_log)
+    if code != 0:
+        print(f"publish run exited {code}", flush=True)
+
+
+async def _start_consumers(
+    relay: _Relay, count: int, log_path: Path, consumers: list[asyncio.subprocess.Process]
+) -> None:
+    """Start ``count`` ``relay consume`` processes, each appended to ``consumers`` as it
+    starts (so the caller's cleanup reaches every one started)."""
+    print(f"-- starting {count} consumers", flush=True)
+    with open(log_path, "w") as consumer_log:
+        for _ in range(count):
+            consumers.append(await relay.start("consume", stderr=consumer_log))
+
+
+async def _wait_until_drained(database_url: str, timeout_seconds: float) -> None:
+    """Return when the ledger has no open row left, or after ``timeout_seconds``."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            left = await _open_rows(pool)
+            if left == 0:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        await pool.close()
+
+
+async def _open_rows(pool: asyncpg.Pool) -> int:
+    return int(await pool.fetchval(db.q("open_count")))
+
+
+async def _stop(consumers: list[asyncio.subprocess.Process]) -> None:
+    """SIGTERM every consumer (each drains and exits), then wait for all of them."""
+    for proc in consumers:
+        proc.send_signal(signal.SIGTERM)
+    for proc in consumers:
+        await proc.wait()
+
+
+async def _kill_left(consumers: list[asyncio.subprocess.Process]) -> None:
+    for proc in consumers:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def _report(relay: _Relay, partner: partner_mod.Partner) -> None:
+    """The run report, who did not get it, and what the partner endpoint saw."""
+    print("-- run report (relay status)", flush=True)
+    await relay.run("status")
+    print("-- who did not get it (relay status --missing)", flush=True)
+    await relay.run("status", "--missing")
+    stats = partner.stats()
+    print("-- partner endpoint saw", flush=True)
+    print(
+        f"   requests={stats['requests']} logical events={stats['logical_events']} "
+        f"duplicates={stats['duplicates']} bad signatures={stats['bad_signatures']}"
+    )
+    print(f"   by path: {json.dumps(stats['by_path'], sort_keys=True)}", flush=True)
+
+
+async def main(args: argparse.Namespace, settings: Settings) -> int:
+    """``relay demo``: set up, load, publish, consume until drained, then report."""
+    print("== reminder-relay demo ==", flush=True)
+    database_url = await _fresh_database(settings)
+    await _fresh_namespace(settings)
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    partner = _demo_partner(secret)
+    runner, port = await partner_mod.start(partner)
+    state_dir = Path(settings.state_dir) / "demo"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    relay = _Relay(_demo_env(database_url, secret))
     consumers: list[asyncio.subprocess.Process] = []
     log_path = state_dir / "consumers.log"
     try:
-        if await _run([*relay, "migrate"], env) != 0:
+        if not await _migrate_and_load(relay, state_dir, args.reminders, port):
             return errors.ExitCode.INCOMPLETE
-        reminders_file = state_dir / "reminders.jsonl"
-        reminders_file.write_text("\n".join(_reminder_lines(args.reminders, port)) + "\n")
-        print(f"-- loading {args.reminders} reminders due now", flush=True)
-        if await _run([*relay, "reminders", "load", str(reminders_file)], env) != 0:
-            return errors.ExitCode.INCOMPLETE
-        print("-- publish run (discovery)", flush=True)
         started = time.monotonic()
-        with open(state_dir / "publish.log", "w") as publish_log:
-            code = await _run([*relay, "publish"], env, stderr=publish_log)
-        if code != 0:
-            print(f"publish run exited {code}", flush=True)
-        print(f"-- starting {args.consumers} consumers", flush=True)
-        with open(log_path, "w") as consumer_log:
-            for _ in range(args.consumers):
-                consumers.append(
-                    await asyncio.create_subprocess_exec(
-                        *relay,
-                        "consume",
-                        env=env,
-                        stderr=consumer_log,
-                    )
-                )
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                left = await _open_rows(pool)
-                if left == 0:
-                    break
-                await asyncio.sleep(0.5)
-        finally:
-            await pool.close()
+        await _publish(relay, state_dir)
+        await _start_consumers(relay, args.consumers, log_path, consumers)
+        await _wait_until_drained(database_url, timeout_seconds=120)
         elapsed = time.monotonic() - started
-        for proc in consumers:
-            proc.send_signal(signal.SIGTERM)
-        for proc in consumers:
-            await proc.wait()
+        await _stop(consumers)
         print(f"-- drained in {elapsed:.1f} s; consumer logs: {log_path}", flush=True)
-        print("-- run report (relay status)", flush=True)
-        await _run([*relay, "status"], env)
-        print("-- who did not get it (relay status --missing)", flush=True)
-        await _run([*relay, "status", "--missing"], env)
-        stats = partner.stats()
-        print("-- partner endpoint saw", flush=True)
-        print(
-            f"   requests={stats['requests']} logical events={stats['logical_events']} "
-            f"duplicates={stats['duplicates']} bad signatures={stats['bad_signatures']}"
-        )
-        print(f"   by path: {json.dumps(stats['by_path'], sort_keys=True)}", flush=True)
+        await _report(relay, partner)
         return errors.ExitCode.OK
     finally:
-        for proc in consumers:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        await _kill_left(consumers)
         await runner.cleanup()

@@ -17,14 +17,11 @@ from consumer.channels.http import (
     check_http_config,
     check_provider_config,
     classify_status,
-    excerpt,
-    parse_retry_after,
     rejected_key,
-    safe_token,
     secret_value,
     transport_outcome,
-    try_json_object,
 )
+from consumer.channels.text import excerpt, parse_retry_after, safe_token, try_json_object
 
 NOW = datetime(2030, 5, 1, 12, 0, 0, tzinfo=UTC)
 
