@@ -262,7 +262,7 @@ def _health_routes() -> set[str]:
     async def ready() -> tuple[bool, dict[str, bool]]:
         return True, {}
 
-    app = health.build_app(ready, lambda: b"")  # only inspected, never served
+    app = health.build_app(ready, lambda: (True, {}), lambda: b"")  # only inspected, never served
     return {route.resource.canonical for route in app.router.routes() if route.resource}
 
 
