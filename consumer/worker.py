@@ -327,7 +327,7 @@ class Worker:
         sent = await self._send(message, row, stale, labels, claimed_at)
         if sent is None:
             return  # deferred without an attempt
-        outcome, latency = sent
+        outcome, latency, sent_at = sent
         self._metrics.attempts.add(1, {**labels, "outcome": outcome.kind.value})
         decision = self._policy.decide(
             outcome.kind,
@@ -343,7 +343,7 @@ class Worker:
             error=outcome.error,
             response_excerpt=outcome.response_excerpt,
             payload_version=row.payload_version,
-            started_at=now,
+            started_at=sent_at,
             stale=stale,
         )
         if decision.action is Action.DELIVERED:
@@ -425,13 +425,15 @@ class Worker:
         stale: bool,
         labels: dict[str, str],
         claimed_at: float,
-    ) -> tuple[Outcome, float] | None:
+    ) -> tuple[Outcome, float, datetime] | None:
         """Make the attempt through isolation and the budget; None if it was deferred."""
         channel = self._channels.get(row.channel)
         if row.destination_disabled:
-            return Outcome(OutcomeKind.REJECTED, error="destination disabled (410 gone)"), 0.0
+            rejected = Outcome(OutcomeKind.REJECTED, error="destination disabled (410 gone)")
+            return rejected, 0.0, self._clock.now()
         if channel is None:
-            return Outcome(OutcomeKind.REJECTED, error=f"channel {row.channel} not configured"), 0.0
+            rejected = Outcome(OutcomeKind.REJECTED, error=f"channel {row.channel} not configured")
+            return rejected, 0.0, self._clock.now()
         assert row.destination is not None and row.payload is not None
         key = isolation.destination_key(row.channel, row.provider, row.destination)
         # A broken destination is deferred before it can spend any budget.
@@ -467,6 +469,7 @@ class Worker:
                 reason = "lease too short after waiting"
                 await self._defer(message, row, self._config.budget_defer_seconds, reason)
                 return None
+            sent_at = self._clock.now()  # the attempt's started_at: just before the request
             started = time.monotonic()
             outcome = await channel.send(
                 SendRequest(
@@ -493,7 +496,7 @@ class Worker:
             await self._pool.execute(
                 db.q("disable_destination"), row.destination, outcome.error or "410 gone"
             )
-        return outcome, latency
+        return outcome, latency, sent_at
 
     async def _defer(
         self, message: AbstractIncomingMessage, row: Claimed, delay_seconds: float, reason: str
