@@ -248,11 +248,17 @@ class Budgets:
 
     async def _lease(
         self, provider: str, want: int, reserve: float, capacity: float | None
-    ) -> _Lease:
-        row = await self._pool.fetchrow(db.q("lease_tokens"), provider, want, reserve, capacity)
+    ) -> tuple[_Lease, float]:
+        """Lease up to ``want`` tokens; also the moment just before the query was sent."""
+        async with self._pool.acquire() as conn:
+            # Stamped once a connection is at hand, so the deadline does not pay for the
+            # wait for one: the grant can only happen after the query is sent.
+            sent_at = self._now()
+            row = await conn.fetchrow(db.q("lease_tokens"), provider, want, reserve, capacity)
         if row is None:  # the row vanished (reset by an operator): no budget, no pause
-            return _Lease(want, float(want), None, 0.0)
-        return _Lease(row["granted"], row["available"], row["rate"], row["paused_seconds"])
+            return _Lease(want, float(want), None, 0.0), sent_at
+        lease = _Lease(row["granted"], row["available"], row["rate"], row["paused_seconds"])
+        return lease, sent_at
 
     def _want(self, state: _ProviderState, now: float) -> int:
         """How many tokens to ask for: those waiting, or what this process will likely
@@ -281,11 +287,10 @@ class Budgets:
             if state.plan is not None and not state.urgent:
                 reserve = urgent_reserve(state.plan.capacity, self._reserve_fraction)
             capacity = state.plan.capacity if state.plan else None
-            # The deadline runs from before the query: the grant happens after this moment.
-            sent_at = self._now()
-            lease = await self._lease(provider, want, reserve, capacity)
+            lease, sent_at = await self._lease(provider, want, reserve, capacity)
             if lease.granted > 0:
                 state.tokens = lease.granted
+                # The deadline runs from before the query: the grant happened after that.
                 state.tokens_deadline = sent_at + state.spend_deadline_seconds
                 continue
             if lease.paused_seconds > 0:

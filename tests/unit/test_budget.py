@@ -7,7 +7,9 @@ is the whole promise, so rounding must never be what keeps it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import AsyncIterator
 from fractions import Fraction
 from typing import Any
 
@@ -105,6 +107,10 @@ class _Bucket:
 
     def monotonic(self) -> float:
         return self.now
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[_Bucket]:
+        yield self  # the pool's connection: this bucket again
 
     async def execute(self, query: str, *args: Any) -> str:
         if "paused_until" in query:  # pause_budget
