@@ -14,8 +14,8 @@ each grant happens between its lease's "before the query" instant and the send, 
 is at most ``D`` later; so the sends of a 1 s interval were granted within ``1 + D``
 seconds, at most ``floor(c + r * (1 + D))`` of them. ``plan_bucket`` chooses ``c`` and
 ``D`` so that this is ``<= floor(rate + burst)``. The lease statement stamps each grant
-with a database time that never goes backwards, taken while it holds the row lock, so
-the bucket's arithmetic is exact whatever the order in which leases reach the row.
+with one database time, never earlier than the previous grant's, so grant times follow
+the row lock's order and the bucket's arithmetic is exact however leases interleave.
 docs/channels.md states the promise as the receiver sees it, with its one caveat.
 
 A throttle answer (429 + Retry-After) pauses the provider's row for every replica; tokens

@@ -386,9 +386,10 @@ INSERT INTO rate_budgets (provider) VALUES ($1) ON CONFLICT (provider) DO NOTHIN
 -- Take up to $2 tokens from the provider's bucket (refilled at its rate, holding at most
 -- $4 tokens, or its burst when $4 is NULL), leaving $3 tokens in it (the reserve kept for
 -- the urgent lane). No rate means no budget: only a throttle pause stops it. One row
--- lock, held for one statement. The grant's time is read once, while the lock is held,
--- and never goes backwards (greatest with the last grant's), so a bucket of capacity c
--- grants at most floor(c + rate * L) tokens in any L seconds (consumer/budget.py).
+-- lock, held for one statement. The grant's time is read once and is never earlier than
+-- the last grant's (greatest with refilled_at), so grant times follow the lock order and
+-- a bucket of capacity c grants at most floor(c + rate * L) tokens in any L seconds
+-- (consumer/budget.py).
 WITH b AS (
     SELECT provider, rate_per_second AS rate, paused_until, tokens, refilled_at,
            coalesce($4::float8, burst) AS capacity,
