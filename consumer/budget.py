@@ -1,19 +1,28 @@
-"""Provider rate budgets shared by every consumer replica.
+"""Provider rate budgets shared by every consumer replica, strict in every 1 s window.
 
 Worker concurrency is not a rate limit: a provider grants N messages per second to the
-account. Each provider's budget is a token bucket in one PostgreSQL row
-(``rate_budgets``: rate, burst, tokens, paused_until). A process leases small blocks of
-tokens from it (at most ``lease_window_seconds`` worth, only as many as it has waiting
-sends) and spends them locally through an ``aiolimiter.AsyncLimiter`` at the provider's
-rate, so a block is not fired at once. Leased tokens not spent within
-``token_ttl_seconds`` are dropped, which bounds both how far spending can lag the bucket
-and how long a throttle pause set by another replica takes to be obeyed.
+account. Each provider's budget is a token bucket in one PostgreSQL row (``rate_budgets``)
+refilled at the provider's rate and holding at most ``capacity`` tokens. A process leases
+tokens from it for the sends it has waiting, and a token must be spent (``acquire``
+returns) within ``spend_deadline_seconds`` of the moment just before the lease query was
+sent, on this process's monotonic clock; a token not spent by then is dropped.
 
-A throttle answer (429 + Retry-After) pauses the provider's row for every replica.
-The urgent lane is served first locally, and bulk leases leave ``reserve`` tokens in the
-bucket that only urgent leases may take, so a bulk backlog cannot hold an urgent send.
-Waiting never uses an attempt: a send that would wait longer than allowed is deferred
-by the caller without counting one.
+The promise: in every interval of 1 s (any start), the sends to one provider across all
+replicas number at most ``floor(rate + burst)``. Why: a bucket of capacity ``c`` refilled
+at ``r`` grants at most ``floor(c + r * L)`` tokens in any interval of length ``L``, and
+each grant happens between its lease's "before the query" instant and the send, which
+is at most ``D`` later; so the sends of a 1 s interval were granted within ``1 + D``
+seconds, at most ``floor(c + r * (1 + D))`` of them. ``plan_bucket`` chooses ``c`` and
+``D`` so that this is ``<= floor(rate + burst)``. The lease statement stamps each grant
+with one database time, never earlier than the previous grant's, so grant times follow
+the row lock's order and the bucket's arithmetic is exact however leases interleave.
+docs/channels.md states the promise as the receiver sees it, with its one caveat.
+
+A throttle answer (429 + Retry-After) pauses the provider's row for every replica; tokens
+leased before the pause are spent within ``D`` at most. The urgent lane is served first
+locally, and bulk leases leave ``reserve`` tokens in the bucket that only urgent leases
+may take, so a bulk backlog cannot hold an urgent send. Waiting never uses an attempt: a
+send that would wait longer than allowed is deferred by the caller without counting one.
 """
 
 from __future__ import annotations
@@ -24,16 +33,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 
 import asyncpg
-from aiolimiter import AsyncLimiter
 
 from service import db
+
+# A provider without a budget (only a throttle pause can stop it): tokens live this long,
+# which is how soon another replica's pause is obeyed.
+_UNBUDGETED_DEADLINE_SECONDS = 0.1
+_UNBUDGETED_BLOCK = 1000
 
 
 @dataclass(frozen=True)
 class BudgetSpec:
-    """A provider's budget: messages per second, and how many may go at once after idling."""
+    """A provider's budget: messages per second, and how many more any 1 s may hold."""
 
     rate_per_second: float
     burst: float
@@ -56,6 +70,66 @@ def parse_budgets(text: str) -> dict[str, BudgetSpec]:
     return specs
 
 
+@dataclass(frozen=True)
+class BucketPlan:
+    """How the shared bucket of one budget is run.
+
+    ``capacity``: the most tokens the bucket holds (1 <= capacity <= burst).
+    ``spend_deadline_seconds``: a leased token is spent within this long after the moment
+    just before its lease query was sent, or dropped.
+    """
+
+    capacity: float
+    spend_deadline_seconds: float
+
+
+def window_limit(spec: BudgetSpec) -> int:
+    """The promise: at most this many sends in any 1 s interval (exact, not rounded up)."""
+    return math.floor(Fraction(spec.rate_per_second) + Fraction(spec.burst))
+
+
+def max_grants(capacity: float, rate_per_second: float, interval_seconds: float) -> int:
+    """The most tokens a bucket of ``capacity`` refilled at ``rate_per_second`` grants in
+    any interval of ``interval_seconds`` (it may be full when the interval starts)."""
+    return math.floor(Fraction(capacity) + Fraction(rate_per_second) * Fraction(interval_seconds))
+
+
+def plan_bucket(spec: BudgetSpec, *, max_spend_deadline_seconds: float = 0.1) -> BucketPlan:
+    """Choose capacity ``c`` and spend deadline ``D`` with
+    ``floor(c + rate * (1 + D)) <= floor(rate + burst)``.
+
+    The room above ``rate`` in a window, ``floor(rate + burst) + 1 - rate`` tokens (less
+    a hundredth of a token against rounding), is shared between the two: ``c`` lets
+    replicas that lease late (a polling gap) lose no tokens, ``D`` lets a slow lease round
+    trip or a busy event loop still spend what was granted. Half each, ``c`` a whole
+    number where it can be; ``D`` at most ``max_spend_deadline_seconds`` (also how long a
+    throttle pause set by another replica can take to be obeyed), any room beyond that
+    going to ``c``. A small burst at a high rate leaves a short ``D``: the promise still
+    holds, but leases slower than ``D`` waste their tokens (docs/channels.md).
+    Computed exactly; the float deadline is rounded down.
+    """
+    rate, burst = Fraction(spec.rate_per_second), Fraction(spec.burst)
+    room = window_limit(spec) - rate  # > 0 because burst >= 1
+    margin = min(Fraction(1, 100), room / 2)
+    slack = room + 1 - margin  # tokens for c + rate * D
+    capacity = min(burst, max(Fraction(1), Fraction(math.floor(slack / 2 + Fraction(1, 2)))))
+    deadline = (slack - capacity) / rate
+    cap = Fraction(max_spend_deadline_seconds)
+    if deadline > cap:
+        deadline = cap
+        capacity = max(capacity, min(burst, Fraction(math.floor(slack - rate * deadline))))
+    seconds = float(deadline)
+    if Fraction(seconds) > deadline:
+        seconds = math.nextafter(seconds, 0.0)
+    return BucketPlan(capacity=float(capacity), spend_deadline_seconds=seconds)
+
+
+def urgent_reserve(capacity: float, fraction: float) -> float:
+    """Tokens bulk leases leave in the bucket for urgent ones: ``ceil(capacity * fraction)``,
+    never so many that bulk could get none."""
+    return float(max(0, min(math.ceil(capacity) - 1, math.ceil(capacity * fraction))))
+
+
 @dataclass
 class _Lease:
     granted: int
@@ -65,12 +139,14 @@ class _Lease:
 
 
 class _ProviderState:
-    def __init__(self, spec: BudgetSpec | None, lease_window_seconds: float) -> None:
+    def __init__(self, spec: BudgetSpec | None) -> None:
         self.spec = spec
-        self.urgent: deque[asyncio.Future[None]] = deque()
-        self.bulk: deque[asyncio.Future[None]] = deque()
+        self.plan = plan_bucket(spec) if spec is not None else None
+        # Each waiter's future receives the spend deadline of the token handed to it.
+        self.urgent: deque[asyncio.Future[float]] = deque()
+        self.bulk: deque[asyncio.Future[float]] = deque()
         self.tokens = 0
-        self.tokens_expire = 0.0
+        self.tokens_deadline = 0.0
         self.paused_until = 0.0
         self.refiller: asyncio.Task[None] | None = None
         # Local spending rate, to lease what this process will use before tokens expire
@@ -78,18 +154,15 @@ class _ProviderState:
         self.spent = 0
         self.rate_since = 0.0
         self.local_rate = 0.0
-        self.limiter = (
-            AsyncLimiter(
-                max(1.0, spec.rate_per_second * lease_window_seconds), lease_window_seconds
-            )
-            if spec is not None
-            else None
-        )
+
+    @property
+    def spend_deadline_seconds(self) -> float:
+        return self.plan.spend_deadline_seconds if self.plan else _UNBUDGETED_DEADLINE_SECONDS
 
     def waiting(self) -> int:
         return len(self.urgent) + len(self.bulk)
 
-    def next_waiter(self) -> asyncio.Future[None] | None:
+    def next_waiter(self) -> asyncio.Future[float] | None:
         for queue in (self.urgent, self.bulk):
             while queue:
                 future = queue.popleft()
@@ -99,7 +172,7 @@ class _ProviderState:
 
 
 class Budgets:
-    """One per consumer process; ``acquire`` before each send."""
+    """One per consumer process; ``acquire`` immediately before each send."""
 
     def __init__(
         self,
@@ -107,15 +180,11 @@ class Budgets:
         specs: Mapping[str, BudgetSpec],
         *,
         urgent_reserve_fraction: float = 0.2,
-        lease_window_seconds: float = 0.02,
-        token_ttl_seconds: float = 0.1,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
         self._specs = dict(specs)
         self._reserve_fraction = urgent_reserve_fraction
-        self._window = lease_window_seconds
-        self._ttl = token_ttl_seconds
         self._now = monotonic
         self._providers: dict[str, _ProviderState] = {}
 
@@ -131,33 +200,44 @@ class Budgets:
         if state is None:
             if provider not in self._specs:
                 await self._pool.execute(db.q("ensure_budget"), provider)
-            state = self._providers.setdefault(
-                provider, _ProviderState(self._specs.get(provider), self._window)
-            )
+            state = self._providers.setdefault(provider, _ProviderState(self._specs.get(provider)))
         return state
 
     async def acquire(self, provider: str, *, urgent: bool, max_wait_seconds: float) -> bool:
-        """Wait for one token; False if that would take longer than ``max_wait_seconds``."""
+        """Wait for one token; False if that would take longer than ``max_wait_seconds``.
+
+        True means the send may go now: the promise counts this moment as the send, so
+        the caller sends without waiting for anything else first.
+        """
         state = self._providers.get(provider) or await self._state(provider)
         now = self._now()
         if state.paused_until - now > max_wait_seconds:
             return False
-        if state.tokens > 0 and now < state.tokens_expire and not state.waiting():
+        if state.tokens > 0 and now <= state.tokens_deadline and not state.waiting():
             state.tokens -= 1  # fast path: a leased token is at hand and nobody is ahead
             state.spent += 1
-        else:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            (state.urgent if urgent else state.bulk).append(future)
-            if state.refiller is None or state.refiller.done():
-                state.refiller = asyncio.create_task(self._refill(provider, state))
-            try:
-                async with asyncio.timeout(max_wait_seconds):
-                    await future
-            except TimeoutError:
-                return False
-        if state.limiter is not None:
-            await state.limiter.acquire()
-        return True
+            return True
+        loop = asyncio.get_running_loop()
+        queue = state.urgent if urgent else state.bulk
+        first = True
+        try:
+            async with asyncio.timeout(max_wait_seconds):
+                while True:
+                    future: asyncio.Future[float] = loop.create_future()
+                    # A waiter whose token expired before it ran keeps its place in line.
+                    if first:
+                        queue.append(future)
+                        first = False
+                    else:
+                        queue.appendleft(future)
+                    if state.refiller is None or state.refiller.done():
+                        state.refiller = asyncio.create_task(self._refill(provider, state))
+                    deadline = await future
+                    if self._now() <= deadline:
+                        return True
+                    # Handed a token, but this task ran too late to spend it: dropped.
+        except TimeoutError:
+            return False
 
     async def pause(self, provider: str, seconds: float) -> None:
         """A throttle answer: stop every replica's sends to this provider for ``seconds``."""
@@ -166,42 +246,58 @@ class Budgets:
         state.tokens = 0
         await self._pool.execute(db.q("pause_budget"), provider, seconds)
 
-    async def _lease(self, provider: str, want: int, reserve: float) -> _Lease:
-        row = await self._pool.fetchrow(db.q("lease_tokens"), provider, want, reserve)
+    async def _lease(
+        self, provider: str, want: int, reserve: float, capacity: float | None
+    ) -> tuple[_Lease, float]:
+        """Lease up to ``want`` tokens; also the moment just before the query was sent."""
+        async with self._pool.acquire() as conn:
+            # Stamped once a connection is at hand, so the deadline does not pay for the
+            # wait for one: the grant can only happen after the query is sent.
+            sent_at = self._now()
+            row = await conn.fetchrow(db.q("lease_tokens"), provider, want, reserve, capacity)
         if row is None:  # the row vanished (reset by an operator): no budget, no pause
-            return _Lease(want, float(want), None, 0.0)
-        return _Lease(row["granted"], row["available"], row["rate"], row["paused_seconds"])
+            return _Lease(want, float(want), None, 0.0), sent_at
+        lease = _Lease(row["granted"], row["available"], row["rate"], row["paused_seconds"])
+        return lease, sent_at
+
+    def _want(self, state: _ProviderState, now: float) -> int:
+        """How many tokens to ask for: those waiting, or what this process will likely
+        spend in half a spend deadline if that is more, within one bucket's worth."""
+        if now > state.rate_since:
+            state.local_rate = state.spent / (now - state.rate_since)
+        state.spent, state.rate_since = 0, now
+        expected = math.ceil(state.local_rate * state.spend_deadline_seconds / 2)
+        block = max(1, math.floor(state.plan.capacity)) if state.plan else _UNBUDGETED_BLOCK
+        return max(1, min(max(state.waiting(), expected), block))
 
     async def _refill(self, provider: str, state: _ProviderState) -> None:
-        """Hand tokens to waiters (urgent first) until none wait; lease blocks as needed."""
+        """Hand tokens to waiters (urgent first) until none wait; lease as needed."""
         while state.waiting():
             now = self._now()
-            if state.tokens > 0 and now < state.tokens_expire:
+            if state.tokens > 0 and now <= state.tokens_deadline:
                 waiter = state.next_waiter()
                 if waiter is not None:
                     state.tokens -= 1
                     state.spent += 1
-                    waiter.set_result(None)
+                    waiter.set_result(state.tokens_deadline)
                 continue
-            spec = state.spec
-            if now > state.rate_since:
-                state.local_rate = state.spent / (now - state.rate_since)
-            state.spent, state.rate_since = 0, now
-            block = math.ceil(spec.rate_per_second * self._window) if spec else 1000
-            expected = math.ceil(state.local_rate * self._ttl / 2)
-            want = max(1, min(max(state.waiting(), expected), block))
+            state.tokens = 0  # expired ones are dropped, never carried into a new lease
+            want = self._want(state, now)
             reserve = 0.0
-            if spec is not None and not state.urgent:
-                reserve = min(spec.burst - 1, math.ceil(spec.burst * self._reserve_fraction))
-            lease = await self._lease(provider, want, reserve)
+            if state.plan is not None and not state.urgent:
+                reserve = urgent_reserve(state.plan.capacity, self._reserve_fraction)
+            capacity = state.plan.capacity if state.plan else None
+            lease, sent_at = await self._lease(provider, want, reserve, capacity)
             if lease.granted > 0:
-                state.tokens, state.tokens_expire = lease.granted, self._now() + self._ttl
+                state.tokens = lease.granted
+                # The deadline runs from before the query: the grant happened after that.
+                state.tokens_deadline = sent_at + state.spend_deadline_seconds
                 continue
             if lease.paused_seconds > 0:
                 state.paused_until = self._now() + lease.paused_seconds
                 await asyncio.sleep(min(lease.paused_seconds, 0.5))
             elif lease.rate:
                 missing = 1 + reserve - lease.available
-                await asyncio.sleep(min(max(missing / lease.rate, 0.005), 0.5))
+                await asyncio.sleep(min(max(missing / lease.rate, 0.001), 0.5))
             else:
                 await asyncio.sleep(0.005)

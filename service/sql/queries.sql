@@ -459,38 +459,48 @@ ON CONFLICT (provider) DO UPDATE SET
 INSERT INTO rate_budgets (provider) VALUES ($1) ON CONFLICT (provider) DO NOTHING;
 
 -- name: lease_tokens
--- Take up to $2 tokens from the provider's bucket (refilled at its rate, capped at its
--- burst), leaving $3 tokens in it (the reserve kept for the urgent lane). No rate means
--- no budget: only a throttle pause stops it. One row lock, held for one statement.
+-- Take up to $2 tokens from the provider's bucket (refilled at its rate, holding at most
+-- $4 tokens, or its burst when $4 is NULL), leaving $3 tokens in it (the reserve kept for
+-- the urgent lane). No rate means no budget: only a throttle pause stops it. One row
+-- lock, held for one statement. The grant's time is read once and is never earlier than
+-- the last grant's (greatest with refilled_at), so grant times follow the lock order and
+-- a bucket of capacity c grants at most floor(c + rate * L) tokens in any L seconds
+-- (consumer/budget.py).
 WITH b AS (
-    SELECT provider, rate_per_second AS rate, paused_until,
-           CASE WHEN rate_per_second IS NULL THEN $2::float8
-                ELSE least(burst, tokens + rate_per_second
-                                  * extract(epoch FROM clock_timestamp() - refilled_at))
-           END AS available
+    SELECT provider, rate_per_second AS rate, paused_until, tokens, refilled_at,
+           coalesce($4::float8, burst) AS capacity,
+           greatest(clock_timestamp(), refilled_at) AS granted_at
     FROM rate_budgets WHERE provider = $1
     FOR UPDATE
-), g AS (
+), a AS (
     SELECT b.*,
-           CASE WHEN paused_until > clock_timestamp() THEN 0
-                ELSE greatest(0, floor(least($2::float8, available - $3::float8))) END AS granted
+           CASE WHEN rate IS NULL THEN $2::float8
+                ELSE least(capacity, tokens + rate * extract(epoch FROM granted_at - refilled_at))
+           END AS available
     FROM b
+), g AS (
+    SELECT a.*,
+           CASE WHEN paused_until > granted_at THEN 0
+                ELSE greatest(0, floor(least($2::float8, available - $3::float8))) END AS granted
+    FROM a
 )
 UPDATE rate_budgets AS r SET
     tokens = CASE WHEN g.rate IS NULL THEN 0 ELSE g.available - g.granted END,
-    refilled_at = clock_timestamp()
+    refilled_at = g.granted_at
 FROM g
 WHERE r.provider = g.provider
 RETURNING g.granted::int AS granted, g.available, g.rate,
-          greatest(0, extract(epoch FROM g.paused_until - clock_timestamp()))::float8
-              AS paused_seconds;
+          greatest(0, extract(epoch FROM g.paused_until - g.granted_at))::float8
+              AS paused_seconds,
+          g.granted_at;
 
 -- name: pause_budget
--- A throttle answer: nobody sends to this provider until then.
+-- A throttle answer: nobody sends to this provider until then. The bucket is emptied;
+-- its clock, like every grant's, never goes backwards.
 UPDATE rate_budgets SET
     paused_until = greatest(coalesce(paused_until, clock_timestamp()),
                             clock_timestamp() + make_interval(secs => $2)),
-    tokens = 0, refilled_at = clock_timestamp(), updated_at = now()
+    tokens = 0, refilled_at = greatest(refilled_at, clock_timestamp()), updated_at = now()
 WHERE provider = $1;
 
 ---------------------------------------------------------------------------- destinations
