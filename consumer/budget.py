@@ -36,13 +36,17 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import asyncpg
+from aiolimiter import AsyncLimiter
 
-from service import db
+from service import db, logs
+
+log = logs.get("consumer")
 
 # A provider without a budget (only a throttle pause can stop it): tokens live this long,
 # which is how soon another replica's pause is obeyed.
 _UNBUDGETED_DEADLINE_SECONDS = 0.1
 _UNBUDGETED_BLOCK = 1000
+_LEASE_RETRY_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,8 @@ class _ProviderState:
         self.spent = 0
         self.rate_since = 0.0
         self.local_rate = 0.0
+        # A per-replica ceiling at the promised rate (aiolimiter's leaky bucket).
+        self.ceiling = AsyncLimiter(window_limit(spec), 1.0) if spec is not None else None
 
     @property
     def spend_deadline_seconds(self) -> float:
@@ -203,20 +209,31 @@ class Budgets:
             state = self._providers.setdefault(provider, _ProviderState(self._specs.get(provider)))
         return state
 
-    async def acquire(self, provider: str, *, urgent: bool, max_wait_seconds: float) -> bool:
-        """Wait for one token; False if that would take longer than ``max_wait_seconds``.
+    async def acquire(
+        self, provider: str, *, urgent: bool, max_wait_seconds: float
+    ) -> float | None:
+        """Wait for one token; None if that would take longer than ``max_wait_seconds``.
 
-        True means the send may go now: the promise counts this moment as the send, so
-        the caller sends without waiting for anything else first.
+        Returns the token's spend deadline (this process's monotonic clock): the request
+        must go out by then, or the token is void and the caller acquires again. The
+        promise counts a send no later than that moment.
         """
         state = self._providers.get(provider) or await self._state(provider)
         now = self._now()
         if state.paused_until - now > max_wait_seconds:
-            return False
+            return None
+        if state.ceiling is not None:
+            # This replica alone never exceeds the promise, even if the shared row is
+            # gone or misconfigured; taken before the token, so it never delays spending.
+            try:
+                async with asyncio.timeout(max_wait_seconds):
+                    await state.ceiling.acquire()
+            except TimeoutError:
+                return None
         if state.tokens > 0 and now <= state.tokens_deadline and not state.waiting():
             state.tokens -= 1  # fast path: a leased token is at hand and nobody is ahead
             state.spent += 1
-            return True
+            return state.tokens_deadline
         loop = asyncio.get_running_loop()
         queue = state.urgent if urgent else state.bulk
         first = True
@@ -234,10 +251,10 @@ class Budgets:
                         state.refiller = asyncio.create_task(self._refill(provider, state))
                     deadline = await future
                     if self._now() <= deadline:
-                        return True
+                        return deadline
                     # Handed a token, but this task ran too late to spend it: dropped.
         except TimeoutError:
-            return False
+            return None
 
     async def pause(self, provider: str, seconds: float) -> None:
         """A throttle answer: stop every replica's sends to this provider for ``seconds``."""
@@ -287,7 +304,19 @@ class Budgets:
             if state.plan is not None and not state.urgent:
                 reserve = urgent_reserve(state.plan.capacity, self._reserve_fraction)
             capacity = state.plan.capacity if state.plan else None
-            lease, sent_at = await self._lease(provider, want, reserve, capacity)
+            try:
+                lease, sent_at = await self._lease(provider, want, reserve, capacity)
+            except Exception as exc:
+                # The database is away (or the lease failed): waiters time out and defer
+                # their sends without an attempt; leasing resumes when it answers.
+                level = 30 if db.is_unavailable(exc) else 40
+                log.log(
+                    level,
+                    "rate budget lease failed",
+                    extra={"event": "budget_lease_failed", "error": type(exc).__name__},
+                )
+                await asyncio.sleep(_LEASE_RETRY_SECONDS)
+                continue
             if lease.granted > 0:
                 state.tokens = lease.granted
                 # The deadline runs from before the query: the grant happened after that.

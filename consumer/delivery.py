@@ -96,6 +96,14 @@ class Deliverer:
                 if not isinstance(verdict, decisions.Send):
                     slot.give_back(failed=None)
                     return await self._without_request(row, verdict)
+            # The budget's promise counts this moment as the send: nothing waits between
+            # a valid token and the request.
+            kept = await self._gate.keep_budget(row, slot, no_new_requests)
+            if kept is not None:
+                slot.give_back(failed=None)
+                if isinstance(kept, gate.Stopped):
+                    return await self._give_back(row)
+                return await self._defer(row, kept.reason, kept.seconds)
             outcome, started_at, latency = await self._request(channel, row, verdict.stale)
             slot.give_back(failed=outcome.kind is OutcomeKind.RETRY)
         finally:

@@ -39,12 +39,19 @@ class Stopped:
 
 
 class Slot:
-    """A slot of one destination's share, held for one request. Return it exactly once."""
+    """A slot of one destination's share, held for one request. Return it exactly once.
 
-    def __init__(self, guard: isolation.DestinationGuard, key: str) -> None:
+    ``budget_deadline``: the request must go out by then (monotonic), or its rate-budget
+    token is void (None: no budget applies).
+    """
+
+    def __init__(
+        self, guard: isolation.DestinationGuard, key: str, budget_deadline: float | None
+    ) -> None:
         self._guard = guard
         self._key = key
         self._returned = False
+        self.budget_deadline = budget_deadline
 
     def give_back(self, *, failed: bool | None) -> None:
         """``failed``: the request failed (timeout, 5xx); None: no request was made."""
@@ -88,29 +95,18 @@ class Gate:
         refused = self._guard.check_circuit(key)
         if not refused.admitted:
             return Defer(refused.reason, refused.retry_after_seconds)
+        budget_deadline = None
         if self._budgets is not None:
-            budgets = self._budgets
-            started = self._now()
-            got = await _unless(
-                no_new_requests,
-                budgets.acquire(
-                    row.provider, urgent=row.urgent, max_wait_seconds=self._budget_max_wait
-                ),
-            )
-            waited = self._now() - started
-            if waited > 0.001:  # recorded when a send actually waited for budget
-                labels = {"channel": row.channel, "provider": row.provider}
-                self._metrics.budget_wait.record(waited, labels)
-            if isinstance(got, Stopped):
+            got = await self._budget(row, no_new_requests)
+            if not isinstance(got, float):
                 return got
-            if not got:
-                return Defer("rate budget exhausted or paused", self._budget_defer)
+            budget_deadline = got
         admission = await _unless(no_new_requests, self._guard.take_slot(key))
         if isinstance(admission, Stopped):
             return admission
         if not admission.admitted:
             return Defer(admission.reason, admission.retry_after_seconds)
-        slot = Slot(self._guard, key)
+        slot = Slot(self._guard, key, budget_deadline)
         lease_left = self._lease_seconds - (self._now() - claimed_at)
         if lease_left <= self._send_timeout:
             # Sending now could outlive the claim and overlap another claim of the row.
@@ -120,6 +116,40 @@ class Gate:
             slot.give_back(failed=None)
             return Stopped()
         return slot
+
+
+    async def _budget(
+        self, row: Claimed, no_new_requests: asyncio.Event
+    ) -> float | Defer | Stopped:
+        """Wait for a rate-budget token: its spend deadline, or why not."""
+        assert self._budgets is not None
+        started = self._now()
+        got = await _unless(
+            no_new_requests,
+            self._budgets.acquire(
+                row.provider, urgent=row.urgent, max_wait_seconds=self._budget_max_wait
+            ),
+        )
+        waited = self._now() - started
+        if waited > 0.001:  # recorded when a send actually waited for budget
+            labels = {"channel": row.channel, "provider": row.provider}
+            self._metrics.budget_wait.record(waited, labels)
+        if got is None:
+            return Defer("rate budget exhausted or paused", self._budget_defer)
+        return got
+
+    async def keep_budget(
+        self, row: Claimed, slot: Slot, no_new_requests: asyncio.Event
+    ) -> Defer | Stopped | None:
+        """Right before the request: if the slot wait or the last look outlasted the
+        token's spend deadline, take a new token (the old one is void). None: send now."""
+        if slot.budget_deadline is None or self._now() <= slot.budget_deadline:
+            return None
+        got = await self._budget(row, no_new_requests)
+        if not isinstance(got, float):
+            return got
+        slot.budget_deadline = got
+        return None
 
 
 async def _unless(stop: asyncio.Event, waiting: Awaitable[T]) -> T | Stopped:

@@ -164,7 +164,7 @@ async def test_tokens_from_a_lease_slower_than_the_deadline_are_dropped_unspent(
 async def test_a_waiter_that_runs_after_its_tokens_deadline_does_not_send() -> None:
     bucket = _Bucket(50, 3)
     budgets = _budgets(bucket, BudgetSpec(50, 5))
-    results: list[bool] = []
+    results: list[float | None] = []
 
     async def one() -> None:
         results.append(await budgets.acquire("p", urgent=False, max_wait_seconds=0.05))
@@ -175,7 +175,7 @@ async def test_a_waiter_that_runs_after_its_tokens_deadline_does_not_send() -> N
     bucket.now += 1.0  # ... and the waiter's task runs a second later
     bucket.tokens = 0  # nothing more to lease
     await task
-    assert results == [False]
+    assert results == [None]
 
 
 async def test_urgent_waiters_are_served_before_bulk_and_lease_without_the_reserve() -> None:
