@@ -10,12 +10,12 @@ import json
 import signal
 from pathlib import Path
 
-import aio_pika
 import asyncpg
 import pytest
 
 from service import amqp, messages
 from service.settings import Settings
+from tests.support import broker
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -28,41 +28,6 @@ POISON: list[tuple[bytes, str]] = [
     (b"[" * 1000, "undecodable body"),  # deep enough to overflow the JSON parser
     (b'{"v": 1, "delivery_id": 987654321}', "unknown delivery id"),  # claimed in a group
 ]
-
-
-async def _channel_do(settings: Settings, action: str, bodies: list[bytes] | None = None) -> int:
-    """Declare the topology, or publish raw bodies to the bulk lane, or count dead letters."""
-    topology = amqp.Topology.from_settings(settings)
-    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True)
-        if action == "declare":
-            await amqp.declare(channel, topology)
-            return 0
-        if action == "publish":
-            exchange = await channel.get_exchange(topology.work_exchange)
-            for body in bodies or []:
-                await exchange.publish(
-                    aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                    amqp.BULK,
-                    mandatory=True,
-                )
-            return len(bodies or [])
-        queue = await channel.declare_queue(topology.dead_queue, passive=True)
-        return int(queue.declaration_result.message_count or 0)
-
-
-async def _take_dead_letters(settings: Settings) -> list[aio_pika.abc.AbstractIncomingMessage]:
-    topology = amqp.Topology.from_settings(settings)
-    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
-    found = []
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(topology.dead_queue, passive=True)
-        while (message := await queue.get(fail=False)) is not None:
-            found.append(message)
-            await message.ack()
-    return found
 
 
 def _log_entries(log: Path) -> tuple[list[dict[str, object]], list[str]]:
@@ -80,11 +45,11 @@ async def test_poison_among_good_deliveries_is_dead_lettered_alone_and_the_rest_
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, tmp_path: Path
 ) -> None:
     await rs.load(pool, [rs.line(f"g{i}", partner.url("good")) for i in range(30)])
-    await _channel_do(settings, "declare")
+    await broker.declare(settings)
     # Poison before, good in the middle, poison after: all in one consumer's prefetch.
-    await _channel_do(settings, "publish", [body for body, _ in POISON[:3]])
+    await broker.publish_raw(settings, [body for body, _ in POISON[:3]])
     assert (await rs.relay(settings, "publish")).code == 0
-    await _channel_do(settings, "publish", [body for body, _ in POISON[3:]])
+    await broker.publish_raw(settings, [body for body, _ in POISON[3:]])
     assert (await rs.states(pool)) == {"queued": 30}
 
     log = tmp_path / "consumer.log"
@@ -93,11 +58,11 @@ async def test_poison_among_good_deliveries_is_dead_lettered_alone_and_the_rest_
 
         async def settled() -> bool:
             delivered = (await rs.states(pool)).get("delivered", 0)
-            return delivered == 30 and await _channel_do(settings, "count") == len(POISON)
+            return delivered == 30 and await broker.dead_count(settings) == len(POISON)
 
         await rs.wait_for(settled, 90, "30 delivered and every poison dead-lettered", 0.2)
         assert consumer.returncode is None, "the consumer process died"
-        dead = await _take_dead_letters(settings)
+        dead = await broker.read(settings, broker.topology(settings).dead_queue, remove=True)
         consumer.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(consumer.wait(), 30)
     finally:
