@@ -19,6 +19,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from consumer import decisions
+from service import ledger, outbox
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
@@ -235,3 +237,52 @@ async def test_stale_after_crossed_during_a_budget_wait_is_obeyed_at_send_time(
         assert [a.reminder_id for a in arrivals] == [fresh[0]["reminder_id"]]
         assert not arrivals[0].stale_header
     assert _error_lines(log) == []
+
+
+@pytest.mark.timeout(180)
+async def test_destination_disabled_during_a_budget_wait_is_refused_without_a_request(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, tmp_path: Path
+) -> None:
+    """Four outbox intents (always active: no reminder to cancel) to one destination,
+    one token every 5 s. Right after the first request arrives, another replica's 410
+    disables the destination; the three still waiting are refused at their turn: dead,
+    an attempt 'rejected' without a request, nothing more at the partner."""
+    settings = settings.model_copy(update={"lease_seconds": 120.0})
+    arrivals: list[float] = []
+    partner.state.on_request = lambda name, key: arrivals.append(time.monotonic())
+    destination = partner.url("gone-soon")
+    async with pool.acquire() as conn, conn.transaction():
+        for i in range(4):
+            await outbox.add_intent(
+                conn, key=f"intent-{i}", channel="webhook", destination=destination,
+                payload={"n": i},
+            )
+    assert (await rs.relay(settings, "publish")).code == 0
+    log = tmp_path / "consumer.log"
+    consumer = await rs.start_consumer(settings, log, BUDGETS="webhook=0.2/1")
+    try:
+
+        async def first_arrived() -> bool:
+            return bool(arrivals)
+
+        await rs.wait_for(first_arrived, 60, "the first request", interval=0.005)
+        await ledger.disable_destination(pool, destination, "410 gone")
+        disabled_at = time.monotonic()
+        await rs.wait_for(lambda: _all_final(pool, 4), 90, "every row final")
+        assert await _stop(consumer) == 0
+    finally:
+        if consumer.returncode is None:
+            consumer.kill()
+            await consumer.wait()
+
+    assert [t for t in arrivals if t > disabled_at] == []
+    rows = await pool.fetch(
+        "SELECT d.state::text AS state, d.last_error, a.outcome, a.http_status, a.started_at "
+        "FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id ORDER BY d.id"
+    )
+    assert sorted(r["state"] for r in rows) == ["dead", "dead", "dead", "delivered"]
+    for r in rows:
+        if r["state"] == "dead":
+            assert r["last_error"] == "rejected: " + decisions.DISABLED_DESTINATION
+            assert (r["outcome"], r["http_status"], r["started_at"]) == ("rejected", None, None)
+    assert len(arrivals) == 1 and partner.state.logical_events == 1
