@@ -7,8 +7,11 @@ a run publishes stays countable in the queues.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import signal
 from datetime import datetime
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -198,3 +201,59 @@ async def test_a_row_rescued_in_an_earlier_interval_does_not_go_before_one_never
 
     ids = await _lane_ids(settings)
     assert sorted(set(ids)) == sorted(overdue), f"rescued: {ids}, owed: {overdue}"
+
+
+_LOST_ROWS = """
+INSERT INTO deliveries (id, idempotency_key, source, channel, provider, destination, payload,
+                        occurrence_at, state, published_at)
+SELECT g, 'outbox:lost-' || g, 'outbox', 'webhook', 'webhook', $3, '{"n": 1}'::jsonb,
+       now() - interval '1 hour', 'queued', now() - interval '1 hour'
+FROM generate_series($1::bigint, $2::bigint) AS g
+ORDER BY random()
+"""
+
+
+@pytest.mark.timeout(480)
+async def test_rescue_runs_beside_consumers_working_the_rows_they_rescue_all_succeed(
+    settings: Settings, pool: asyncpg.Pool, partner: rs.RunningPartner, tmp_path: Path
+) -> None:
+    """Rows whose messages were lost (inserted in random physical order, as a busy table
+    holds them), rescued while two consumers claim and complete the very rows the rescue
+    run is stamping. Every run must end well (no deadlock surfaces as a failed run), and
+    further runs recover whatever one run's batch did not reach."""
+    rows_per_run, runs = 3000, 5
+    total = rows_per_run * runs
+    settings = settings.model_copy(update={"rescue_after_seconds": 5.0})
+    consumers = [await rs.start_consumer(settings, tmp_path / f"c{i}.log") for i in range(2)]
+    results: list[rs.Result] = []
+
+    async def all_delivered() -> bool:
+        return (await rs.states(pool)).get("delivered", 0) == total
+
+    try:
+        await rs.wait_for(lambda: rs.topology_declared(settings), 30, "consumers up")
+        for run in range(runs):
+            first = 1_000_000 + run * rows_per_run
+            await pool.execute(_LOST_ROWS, first, first + rows_per_run - 1, partner.url())
+            results.append(await rs.relay(settings, "rescue", timeout=180))
+        # Later runs (a CronJob's next minutes) pick up what the batches did not reach.
+        for _ in range(30):
+            if await all_delivered():
+                break
+            await rs.wait_for(lambda: _quiet(settings), 60, "lanes drained", interval=0.5)
+            results.append(await rs.relay(settings, "rescue", timeout=180))
+        await rs.wait_for(all_delivered, 120, "every rescued row delivered", interval=0.5)
+    finally:
+        for proc in consumers:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = [await asyncio.wait_for(p.wait(), 30) for p in consumers]
+    failures = [(r.code, r.stderr.strip().splitlines()[-3:]) for r in results if r.code != 0]
+    assert failures == [], f"{len(failures)} of {len(results)} rescue runs failed: {failures}"
+    assert not any("Traceback" in r.stderr for r in results)
+    assert codes == [0, 0]
+    assert partner.state.logical_events == total
+
+
+async def _quiet(settings: Settings) -> bool:
+    return await broker.waiting(settings) == 0
