@@ -104,6 +104,7 @@ class Replayer:
         self._publisher = publisher
         self._metrics = metrics
         self._operator = operator
+        self._judged: set[int] = set()  # rows this queue replay already decided on
 
     async def _republish(self, rows: Sequence[tuple[int, bool]]) -> tuple[list[int], list[int]]:
         if not rows:
@@ -196,7 +197,11 @@ class Replayer:
             return False
         if len(summary.sample) < 20:
             summary.sample.append(delivery_id)
-        row = await ledger.state_of(self._pool, delivery_id)
+        # A row with several dead letters (it died, was replayed, died again) is replayed
+        # once; its other letters are obsolete.
+        repeated = delivery_id in self._judged
+        self._judged.add(delivery_id)
+        row = None if repeated else await ledger.state_of(self._pool, delivery_id)
         if row is None or row[0] in (State.DELIVERED, State.SKIPPED):
             summary.stale += 1
             if not apply:

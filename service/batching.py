@@ -81,6 +81,17 @@ class Batcher(Generic[T, R]):
 
     async def _run(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
+            await self._flush_group(batch)
+        except asyncio.CancelledError:
+            # Cancelled at shutdown, possibly half way through a one-by-one fallback:
+            # whoever still waits learns that the work was given up.
+            _fail(batch, Abandoned("batch cancelled at shutdown"))
+            raise
+        finally:
+            self._slots.release()
+
+    async def _flush_group(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
             results = await self._flush([item for item, _ in batch])
         except Abandoned as exc:
             _fail(batch, exc)
@@ -89,15 +100,10 @@ class Batcher(Generic[T, R]):
                 _fail(batch, exc)
             else:
                 await self._one_by_one(batch)
-        except asyncio.CancelledError:
-            _fail(batch, Abandoned("batch cancelled at shutdown"))
-            raise
         else:
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
-        finally:
-            self._slots.release()
 
     async def _one_by_one(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         for item, future in batch:

@@ -318,7 +318,7 @@ async def select_rescue(
 async def mark_rescued(executor: Executor, ids: Sequence[int]) -> None:
     """Stamp rows whose rescue publish was confirmed; rescue skips them for an interval."""
     if ids:
-        await executor.execute(q("mark_rescued"), list(ids))
+        await _retry_on_conflict(lambda: executor.execute(q("mark_rescued"), list(ids)))
 
 
 async def open_owed_count(executor: Executor) -> int:

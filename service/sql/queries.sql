@@ -317,10 +317,11 @@ RETURNING id;
 
 -- name: select_rescue
 -- Rows whose message should have arrived long ago: lost by the broker, purged, or held by
--- a consumer that died. Oldest overdue first across every state; a row rescued within
--- the interval is left alone, so one run's republish is not repeated by the next.
+-- a consumer that died. Rows never rescued first, then the longest since their last
+-- rescue, each group oldest overdue first across every state; a row rescued within the
+-- interval is left alone, so one run's republish is not repeated by the next.
 SELECT id, urgent FROM (
-    SELECT id, urgent,
+    SELECT id, urgent, rescued_at,
            CASE state WHEN 'queued' THEN published_at + make_interval(secs => $1)
                       WHEN 'retrying' THEN next_attempt_at + make_interval(secs => $1)
                       ELSE lease_expires_at END AS rescue_due_at
@@ -329,13 +330,21 @@ SELECT id, urgent FROM (
       AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
 ) AS open
 WHERE rescue_due_at < now()
-ORDER BY rescue_due_at, id
+ORDER BY rescued_at NULLS FIRST, rescue_due_at, id
 LIMIT $2;
 
 -- name: mark_rescued
 -- After a rescue publish was confirmed: stamp the rows, so the next rescue moves on.
-UPDATE deliveries SET rescued_at = now()
-WHERE id = ANY($1::bigint[]) AND state IN ('queued', 'retrying', 'sending');
+-- Locked in id order, like every statement that locks several deliveries.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE id = ANY($1::bigint[]) AND state IN ('queued', 'retrying', 'sending')
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE deliveries AS d SET rescued_at = now()
+FROM locked
+WHERE d.id = locked.id;
 
 -- name: open_owed_count
 -- Rows whose message should be in a queue now (what rescue compares the queues against).

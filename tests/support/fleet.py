@@ -553,14 +553,15 @@ class Fleet:
     async def _publish_loop(self) -> None:
         while True:
             began = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(
-                *rs.relay_command("publish"),
-                env=rs.env_for(self.settings, **self.env),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=open(self.log_dir / "publish.log", "ab"),
-                cwd=rs.REPO,
-            )
+            with open(self.log_dir / "publish.log", "ab") as log:  # the child keeps a copy
+                proc = await asyncio.create_subprocess_exec(
+                    *rs.relay_command("publish"),
+                    env=rs.env_for(self.settings, **self.env),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log,
+                    cwd=rs.REPO,
+                )
             code: int | None
             try:
                 code = await asyncio.wait_for(proc.wait(), self.publish_deadline)

@@ -89,15 +89,27 @@ async def relay(
 async def start_consumer(
     settings: Settings, log_path: Path | None = None, **extra_env: str
 ) -> asyncio.subprocess.Process:
-    """Start ``relay consume`` as a subprocess (kill it with SIGKILL or SIGTERM)."""
-    stderr = open(log_path, "ab") if log_path else asyncio.subprocess.DEVNULL
-    return await asyncio.create_subprocess_exec(
-        *relay_command("consume"),
-        env=env_for(settings, **extra_env),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=stderr,
-        cwd=REPO,
-    )
+    """Start ``relay consume`` as a subprocess (kill it with SIGKILL or SIGTERM).
+
+    With ``log_path``, its stderr (the JSON log) is appended there; the child holds its
+    own copy of the file, so this process closes its one at once.
+    """
+    if log_path is None:
+        return await asyncio.create_subprocess_exec(
+            *relay_command("consume"),
+            env=env_for(settings, **extra_env),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            cwd=REPO,
+        )
+    with open(log_path, "ab") as log:
+        return await asyncio.create_subprocess_exec(
+            *relay_command("consume"),
+            env=env_for(settings, **extra_env),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=log,
+            cwd=REPO,
+        )
 
 
 async def stop(proc: asyncio.subprocess.Process, timeout: float = 30) -> int:
