@@ -46,7 +46,8 @@ def decode(body: bytes) -> DeliveryMessage:
         raise MessageError("undecodable body: not JSON") from None
     if not isinstance(data, dict):
         raise MessageError("invalid message: not a JSON object")
-    if data.get("v") != SCHEMA_VERSION:
+    version = data.get("v")
+    if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
         raise MessageError(f"unsupported schema version: {str(data.get('v'))[:20]}")
     try:
         return DeliveryMessage.model_validate(data)
