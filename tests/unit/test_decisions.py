@@ -155,8 +155,10 @@ def test_skipped_ends_the_claimed_attempt_skipped_with_its_reason(reason: str) -
 # ------------------------------------------------------------------------- refused
 
 
-def test_refused_is_a_rejected_outcome_with_the_error() -> None:
-    assert decisions.refused("no") == Outcome(OutcomeKind.REJECTED, error="no")
+def test_refused_is_a_rejected_outcome_with_the_error_and_nothing_sent() -> None:
+    assert decisions.refused("no") == Outcome(
+        OutcomeKind.REJECTED, error="no", possibly_delivered=False
+    )
 
 
 # ------------------------------------------------------------------------- attempt_record
@@ -178,6 +180,7 @@ def test_attempt_record_carries_the_outcome_timing_version_and_stale_mark() -> N
         payload_version=2,
         started_at=NOW,
         stale=True,
+        possibly_delivered=True,
     )
 
 
