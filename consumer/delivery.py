@@ -112,8 +112,7 @@ class Deliverer:
         labels = {"channel": row.channel, "provider": row.provider}
         self._metrics.send_duration.record(latency, labels)
         if outcome.kind is OutcomeKind.THROTTLED and self._pause is not None:
-            # Every replica stops sending to this provider until the provider says.
-            await self._pause(row.provider, outcome.retry_after_seconds or 1.0)
+            await self._pause_provider(row.provider, outcome.retry_after_seconds or 1.0)
             self._metrics.throttles.add(1, labels)
         if outcome.disable_destination:
             assert row.destination is not None
@@ -122,6 +121,19 @@ class Deliverer:
             row, outcome, started_at=started_at, latency_seconds=latency, stale=verdict.stale
         )
         return await self._conclude(row, outcome, record)
+
+    async def _pause_provider(self, provider: str, seconds: float) -> None:
+        """Every replica stops sending to this provider until the provider says. This
+        replica's pause holds even if the shared one cannot be written now: the outcome
+        is still recorded, and the row's retry waits for the provider's time anyway."""
+        assert self._pause is not None
+        try:
+            await self._pause(provider, seconds)
+        except Exception as exc:
+            log.warning(
+                "throttle pause not shared with other replicas",
+                extra={"event": "pause_not_shared", "error": type(exc).__name__},
+            )
 
     async def _request(
         self, channel: Channel, row: Claimed, stale: bool
