@@ -12,7 +12,7 @@ import getpass
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
 import asyncpg
@@ -109,7 +109,7 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{key:>16}: {row[key]}")
     sched = schedule.from_row(row)
     start = row["next_due_at"] or datetime.now(UTC)
-    upcoming = schedule.occurrences(sched, start, start.replace(year=start.year + 2), args.count)
+    upcoming = schedule.occurrences(sched, start, _horizon(start), args.count)
     if row["next_due_at"] is None or not row["active"]:
         upcoming = []
     print("next occurrences:" if upcoming else "next occurrences: none")
@@ -122,6 +122,19 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
             f"= {at:%Y-%m-%d %H:%M} UTC"
         )
     return errors.ExitCode.OK
+
+
+# How far ahead `reminders show` looks for occurrences: two years. A duration, not
+# `replace(year=...)`, which fails for 29 February.
+_SHOW_HORIZON = timedelta(days=731)
+
+
+def _horizon(start: datetime) -> datetime:
+    """``start`` plus two years, or the end of the calendar if that is sooner."""
+    try:
+        return start + _SHOW_HORIZON
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
 
 
 async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
