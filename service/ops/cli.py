@@ -190,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"relay: configuration error: {exc}", file=sys.stderr)
         return errors.ExitCode.CONFIG
     except errors.InputError as exc:
-        print(f"relay: bad input:\n{exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"relay: bad input: {line}", file=sys.stderr)
         return errors.ExitCode.CONFIG
     except errors.UnavailableError as exc:
         print(f"relay: {exc}", file=sys.stderr)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import TextIO
+from typing import BinaryIO
 
 import asyncpg
 
@@ -50,14 +50,16 @@ async def migrate(args: argparse.Namespace, settings: Settings) -> int:
 async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
     allow = allow_list(settings)
     try:
-        source: TextIO = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+        # Bytes, not text: an invalid UTF-8 byte is then reported with its line number.
+        source: BinaryIO = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
     except OSError as exc:
         raise errors.InputError(f"{args.file}: {exc.strerror}") from None
     try:
         async with _pool(settings) as pool:
-            count = await reminders.load(pool, source, allow)  # streamed, chunk by chunk
+            lines = reminders.read_lines(source)
+            count = await reminders.load(pool, lines, allow)  # streamed, chunk by chunk
     finally:
-        if source is not sys.stdin:
+        if args.file != "-":
             source.close()
     print(f"loaded {count} reminders")
     return errors.ExitCode.OK
