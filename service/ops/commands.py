@@ -25,8 +25,8 @@ from service.settings import Settings
 
 
 @asynccontextmanager
-async def _pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
-    pool = await db.create_pool(settings, size=2)
+async def _pool(settings: Settings, *, check_schema: bool = True) -> AsyncIterator[asyncpg.Pool]:
+    pool = await db.create_pool(settings, size=2, check_schema=check_schema)
     try:
         yield pool
     finally:
@@ -41,7 +41,7 @@ def allow_list(settings: Settings) -> list[netpolicy.IPNetwork]:
 
 
 async def migrate(args: argparse.Namespace, settings: Settings) -> int:
-    async with _pool(settings) as pool:
+    async with _pool(settings, check_schema=False) as pool:
         applied = await db.migrate(pool)
     print(f"migrations applied: {', '.join(applied) if applied else 'none (up to date)'}")
     return errors.ExitCode.OK
