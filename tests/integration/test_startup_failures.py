@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -101,6 +102,7 @@ async def unmigrated_database(settings: Settings) -> AsyncIterator[str]:
             "http://guest:s3cret@127.0.0.1:5672/",
             "RELAY_AMQP_URL: the scheme must be amqp:// or amqps://",
         ),
+        ("LOG_LEVEL", "LOUD", "RELAY_LOG_LEVEL: must be one of DEBUG"),
     ],
 )
 async def test_unparseable_url_exits_2_naming_the_setting_without_quoting_it(
@@ -317,3 +319,47 @@ async def test_consume_check_on_a_healthy_setup_says_ok(settings: Settings) -> N
         "ok: settings valid, database schema up to date, database and broker reachable"
     )
     assert result.stderr == ""
+
+
+# ---------------------------------------------------------------------------- a bug
+
+
+async def _crashing_relay(settings: Settings, **env: str) -> rs.Result:
+    """`relay pause` whose handler has a bug, run like the console script."""
+    code = (
+        "import sys; from service.ops import cli; "
+        "cli.HANDLERS['pause'] = 'tests.support.crashing:handler'; "
+        "sys.exit(cli.main(['pause']))"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code,
+        env=rs.env_for(settings, **env), cwd=rs.REPO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return rs.Result(proc.returncode, out.decode(), err.decode())
+
+
+async def test_a_bug_is_one_line_pointing_to_it_and_its_traceback_is_at_debug(
+    settings: Settings,
+) -> None:
+    result = await _crashing_relay(settings)
+    assert result.code == 1
+    line = _one_line(
+        result,
+        "relay: internal error (a bug): ValueError: day is out of range for month",
+        "at tests/support/crashing.py:",
+        "RELAY_LOG_LEVEL=DEBUG prints the traceback",
+    )
+    assert "customer@example.com" not in line
+
+    debug = await _crashing_relay(settings, LOG_LEVEL="DEBUG")
+    assert debug.code == 1
+    assert "Traceback" in debug.stderr and '"event": "internal_error"' in debug.stderr
+
+
+async def test_version_prints_the_package_version(settings: Settings) -> None:
+    result = await rs.relay(settings, "--version")
+    assert result.code == 0
+    assert result.stdout.startswith("relay 0.")
