@@ -6,7 +6,9 @@ Nothing here opens a connection: the root opens the servers and hands them in.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Mapping
 
 import asyncpg
 from opentelemetry import trace
@@ -22,10 +24,18 @@ from service.telemetry import Metrics
 
 
 def channels(settings: Settings) -> dict[str, Channel]:
-    """The channel adapters this process can send through (email/SMS when configured)."""
+    """The channel adapters this process can send through (email/SMS when configured).
+
+    A bad channel setting raises ConfigError naming the RELAY_* variable (never a
+    secret's value).
+    """
     from consumer.channels import email, sms, webhook
 
     try:
+        allow_networks = tuple(netpolicy.parse_networks(settings.allow_networks))
+    except ValueError as exc:
+        raise errors.ConfigError(f"RELAY_ALLOW_NETWORKS: {exc}") from None
+    with _naming(_WEBHOOK_SETTINGS, "the webhook channel"):
         channels: dict[str, Channel] = {
             "webhook": webhook.WebhookChannel(
                 webhook.WebhookConfig(
@@ -34,7 +44,7 @@ def channels(settings: Settings) -> dict[str, Channel]:
                     signing_secrets=tuple(
                         s.get_secret_value() for s in settings.webhook_signing_secrets
                     ),
-                    allow_networks=tuple(netpolicy.parse_networks(settings.allow_networks)),
+                    allow_networks=allow_networks,
                     # Requests never queue inside the HTTP client: isolation caps each
                     # destination first, so the client's limits match it.
                     connection_limit=settings.prefetch,
@@ -42,7 +52,8 @@ def channels(settings: Settings) -> dict[str, Channel]:
                 )
             )
         }
-        if settings.email_api_key.get_secret_value():
+    if settings.email_api_key.get_secret_value():
+        with _naming(_EMAIL_SETTINGS, "the e-mail channel is on: RELAY_EMAIL_API_KEY is set"):
             channels["email"] = email.EmailChannel(
                 email.EmailConfig(
                     api_key=settings.email_api_key,
@@ -52,7 +63,8 @@ def channels(settings: Settings) -> dict[str, Channel]:
                     connect_timeout_seconds=settings.http_connect_timeout_seconds,
                 )
             )
-        if settings.sms_account_sid:
+    if settings.sms_account_sid:
+        with _naming(_SMS_SETTINGS, "the SMS channel is on: RELAY_SMS_ACCOUNT_SID is set"):
             channels["sms"] = sms.SmsChannel(
                 sms.SmsConfig(
                     account_sid=settings.sms_account_sid,
@@ -64,10 +76,56 @@ def channels(settings: Settings) -> dict[str, Channel]:
                     connect_timeout_seconds=settings.http_connect_timeout_seconds,
                 )
             )
-    except ValueError as exc:
-        # The adapters' own checks name the field; never the secret's value.
-        raise errors.ConfigError(f"channel settings: {exc}") from None
     return channels
+
+
+# An adapter config's field -> the setting it comes from, so an adapter's ValueError
+# (which names its field) can name the RELAY_* variable.
+_WEBHOOK_SETTINGS = {"signing_secrets": "RELAY_WEBHOOK_SIGNING_SECRETS"}
+_EMAIL_SETTINGS = {
+    "api_key": "RELAY_EMAIL_API_KEY",
+    "sender": "RELAY_EMAIL_SENDER",
+    "base_url": "RELAY_EMAIL_API_BASE_URL",
+}
+_SMS_SETTINGS = {
+    "account_sid": "RELAY_SMS_ACCOUNT_SID",
+    "auth_token": "RELAY_SMS_AUTH_TOKEN",
+    "from_number": "RELAY_SMS_FROM_NUMBER",
+    "messaging_service_sid": "RELAY_SMS_MESSAGING_SERVICE_SID",
+    "base_url": "RELAY_SMS_API_BASE_URL",
+}
+
+
+@contextlib.contextmanager
+def _naming(fields: Mapping[str, str], context: str) -> Iterator[None]:
+    """Turn an adapter config's ValueError into ConfigError naming the setting."""
+    try:
+        yield
+    except ValueError as exc:
+        message = str(exc)
+        named = [
+            (match.start(), setting)
+            for field, setting in fields.items()
+            if (match := re.search(rf"\b{field}\b", message))
+        ]
+        setting = min(named)[1] if named else "channel settings"
+        raise errors.ConfigError(f"{setting}: {message} ({context})") from None
+
+
+def validate(settings: Settings) -> None:
+    """Every check ``relay consume`` makes of its settings before it opens a server:
+    channel settings (secrets, sender, accounts, networks), rate budgets and attempt
+    budgets. Raises ConfigError naming the setting; ``relay consume --check`` runs it."""
+    channels(settings)  # adapters open nothing until their first send: nothing to close
+    try:
+        budget.parse_budgets(settings.budgets)
+    except ValueError as exc:
+        raise errors.ConfigError(f"RELAY_BUDGETS: {exc}") from None
+    try:
+        policy(settings)
+    except ValueError as exc:
+        raise errors.ConfigError(f"RELAY_MAX_ATTEMPTS_PER_CHANNEL: {exc}") from None
+    destination_guard(settings)
 
 
 def destination_share(settings: Settings) -> int:

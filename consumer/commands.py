@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 
+from consumer import build
 from consumer import run as consume_run
 from service import telemetry
 from service.settings import Settings
 
 
 async def consume(args: argparse.Namespace, settings: Settings) -> int:
+    # Every setting is checked before a server is opened, with or without --check.
+    build.validate(settings)
     if args.check:
         return await consume_run.check(settings)
+    consume_run.check_health_port(settings)
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import REGISTRY, generate_latest
 

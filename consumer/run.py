@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -169,12 +171,55 @@ async def _serve_health(
     closing: Closing,
 ) -> None:
     if settings.health_port:
-        runner = await health.serve(
-            health.build_app(probes.ready, probes.live, render_metrics),
+        try:
+            runner = await health.serve(
+                health.build_app(probes.ready, probes.live, render_metrics),
+                settings.health_host,
+                settings.health_port,
+            )
+        except OSError as exc:  # taken since check_health_port looked: the same one line
+            raise _health_port_error(settings, exc) from None
+        stack.push_async_callback(closing.within, runner.cleanup)
+
+
+def check_health_port(settings: Settings) -> None:
+    """Raise ConfigError naming RELAY_HEALTH_PORT (or RELAY_HEALTH_HOST) unless the health
+    endpoint's address can be bound now: called before any server is opened, so a second
+    ``relay consume`` on one host fails at once, in one line."""
+    if not settings.health_port:
+        return
+    try:
+        infos = socket.getaddrinfo(
             settings.health_host,
             settings.health_port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
         )
-        stack.push_async_callback(closing.within, runner.cleanup)
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as probe:
+                # As the server binds (SO_REUSEADDR): only a listening socket conflicts.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except OSError as exc:
+        raise _health_port_error(settings, exc) from None
+
+
+def _health_port_error(settings: Settings, exc: OSError) -> errors.ConfigError:
+    where = f"{settings.health_host}:{settings.health_port}"
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return errors.ConfigError(
+            f"RELAY_HEALTH_HOST: cannot listen on {where}: not an address of this host"
+        )
+    if exc.errno == errno.EADDRINUSE:
+        reason = "already in use (another relay consume on this host?)"
+    elif exc.errno == errno.EACCES:
+        reason = "not permitted (ports below 1024 need privileges)"
+    else:
+        reason = (exc.strerror or type(exc).__name__).lower()
+    return errors.ConfigError(
+        f"RELAY_HEALTH_PORT: cannot listen on {where}: {reason}; choose another port, "
+        "or 0 to turn the health endpoint off"
+    )
 
 
 @dataclass(frozen=True)
@@ -285,17 +330,16 @@ async def _shutdown(
 
 
 async def check(settings: Settings) -> int:
-    """``relay consume --check``: exit 0 if the database and the broker answer."""
+    """``relay consume --check``: exit 0 if the database (with an up-to-date schema) and
+    the broker answer. The settings were checked as ``relay consume`` checks them
+    (``build.validate``); the health port is not, since the probe runs beside the consumer
+    that holds it. A failure raises (one line, exit 2 or 3)."""
+    pool = await db.create_pool(settings, size=1)  # also checks the schema
     try:
-        pool = await db.create_pool(settings, size=1)
-        try:
-            await pool.fetchval(db.q("db_now"))
-        finally:
-            await db.close_pool(pool, _CLOSE_STEP_SECONDS)
-        connection = await amqp.connect(settings, name="relay-check")
-        await amqp.close_connection(connection, _CLOSE_STEP_SECONDS)
-    except errors.UnavailableError as exc:
-        print(f"not ready: {exc}")
-        return errors.ExitCode.UNAVAILABLE
-    print("ok: database and broker reachable")
+        await pool.fetchval(db.q("db_now"))
+    finally:
+        await db.close_pool(pool, _CLOSE_STEP_SECONDS)
+    connection = await amqp.connect(settings, name="relay-check")
+    await amqp.close_connection(connection, _CLOSE_STEP_SECONDS)
+    print("ok: settings valid, database schema up to date, database and broker reachable")
     return errors.ExitCode.OK

@@ -2,6 +2,11 @@
 
 SQL lives in ``sql/queries.sql`` (named blocks) and ``sql/migrations/NNNN_*.sql``; this
 module loads them once and hands out a pool whose connections decode jsonb to Python.
+
+Opening the pool is where a misconfigured or missing database is found: every failure is
+one ``UnavailableError`` (exit 3) whose message names the server (host:port and database,
+never the DSN), the setting and the cause, and a pool is handed out only when the
+database's schema has every migration this code ships (else: "run `relay migrate`").
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ from typing import Any
 
 import asyncpg
 
-from service import errors
-from service.settings import Settings
+from service import errors, servers
+from service.settings import ServerAddress, Settings
 
 _MIGRATION_TIMEOUT_SECONDS = 24 * 3600.0
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -38,6 +43,12 @@ def queries() -> dict[str, str]:
 def q(name: str) -> str:
     """One named SQL block."""
     return queries()[name]
+
+
+@functools.cache
+def migration_versions() -> tuple[str, ...]:
+    """The version (file name without .sql) of every packaged migration, in order."""
+    return tuple(version for version, _ in migrations())
 
 
 def migrations() -> list[tuple[str, str]]:
@@ -89,8 +100,12 @@ def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, _UNAVAILABLE)
 
 
-async def create_pool(settings: Settings, *, size: int | None = None) -> asyncpg.Pool:
-    """Open the pool; raise UnavailableError if the database cannot be reached.
+async def create_pool(
+    settings: Settings, *, size: int | None = None, check_schema: bool = True
+) -> asyncpg.Pool:
+    """Open the pool; raise UnavailableError naming the server and the cause if the
+    database cannot be used: unreachable, login refused, no such database, or (with
+    ``check_schema``, every command but ``relay migrate``) a schema behind this code.
 
     Every statement has a deadline (``database_command_timeout_seconds``), enforced by the
     client and, as ``statement_timeout``, by the server, so a database that stops
@@ -110,10 +125,65 @@ async def create_pool(settings: Settings, *, size: int | None = None) -> asyncpg
             command_timeout=deadline,
             server_settings={"statement_timeout": str(round(deadline * 1000))},
         )
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        raise errors.UnavailableError(f"database unreachable: {type(exc).__name__}") from exc
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        raise errors.UnavailableError(_where(settings, _cause(exc, settings))) from exc
+    except ValueError as exc:  # the driver refused a DSN the settings let through
+        raise errors.ConfigError(
+            f"RELAY_DATABASE_URL: not a DSN the driver accepts ({type(exc).__name__})"
+        ) from None
     assert pool is not None
+    if check_schema:
+        try:
+            problem = await schema_problem(pool)
+        except BaseException:
+            pool.terminate()
+            raise
+        if problem is not None:
+            await close_pool(pool, deadline)
+            raise errors.UnavailableError(_where(settings, problem))
     return pool
+
+
+def _where(settings: Settings, cause: str) -> str:
+    address: ServerAddress = settings.database_address()
+    return (
+        f"PostgreSQL at {address.where()}, database '{address.path}' "
+        f"(RELAY_DATABASE_URL): {cause}"
+    )
+
+
+def _cause(exc: BaseException, settings: Settings) -> str:
+    """Why the database could not be used, in a few words (never the DSN)."""
+    user = settings.database_address().user
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):
+        return "no such database (create it, then run `relay migrate`)"
+    if isinstance(exc, asyncpg.InvalidPasswordError):
+        return f"login refused for user '{user}': wrong password"
+    if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+        return f"login refused for user '{user}': {exc}"
+    if isinstance(exc, asyncpg.PostgresError):
+        return f"the server refused the connection: {exc}"
+    return servers.connect_cause(
+        exc,
+        settings.database_command_timeout_seconds,
+        "RELAY_DATABASE_COMMAND_TIMEOUT_SECONDS",
+    )
+
+
+async def schema_problem(executor: asyncpg.Pool | asyncpg.Connection) -> str | None:
+    """Why the database's schema does not fit this code, or None: no relay schema at all,
+    or migrations this code ships that were not applied. (A schema ahead of the code, from
+    a newer release during a rolling upgrade, is fine: migrations only add.)"""
+    if not await executor.fetchval(q("migrations_present")):
+        return "no relay schema in this database: run `relay migrate`"
+    applied = {r["version"] for r in await executor.fetch(q("migrations_applied"))}
+    missing = [v for v in migration_versions() if v not in applied]
+    if missing:
+        return (
+            f"the schema is behind this relay ({len(missing)} migration(s) not applied, "
+            f"from {missing[0]}): run `relay migrate`"
+        )
+    return None
 
 
 async def close_pool(pool: asyncpg.Pool, timeout_seconds: float) -> None:

@@ -26,8 +26,9 @@ ledger and is sent to the receiver as its idempotency key. So an application
 transaction that is retried, or a job that runs twice, adds the intent once: a key
 that already exists inserts nothing, and the first intent's destination and payload
 stand. A transaction adding a key that another open transaction just added waits for
-that one to commit or roll back. Keys are 1 to ``MAX_KEY_CHARS`` visible ASCII
-characters.
+that one to commit or roll back. Keys are 1 to ``MAX_KEY_CHARS`` characters of
+``service.entry.ID_ALPHABET`` (ASCII letters and digits, ``.``, ``_``, ``:``, ``-``):
+every receiver accepts them as an ``Idempotency-Key`` and a ``webhook-id``.
 
 From there the intent is an ordinary delivery: nothing is published from
 :func:`add_intent`; the next ``relay publish`` run's pending sweep publishes it, a
@@ -44,11 +45,19 @@ Differences from scheduled deliveries, on purpose:
   never skipped by the consumer's pre-send checks.
 * There is no ``reminder_id``: the intent's identity is its key.
 
-:func:`add_intent` checks ``channel`` and the destination's shape: a webhook
-destination must be an http(s) URL without credentials
-(``service.netpolicy.url_problem``); email and SMS destinations must be non-empty. The
-payload must be a JSON object; the channel adapter checks its keys at send time
-(email: ``subject`` and ``text``; SMS: ``body``).
+:func:`add_intent` checks its arguments by ``service.entry``, exactly as the reminders
+file loader checks a line, so nothing that enters is refused at send time for its shape:
+
+* a webhook destination by the destination policy (an http(s) URL without credentials,
+  whose host -- a literal address, or every address the name resolves to now -- is
+  public or inside ``allow_networks``; pass the consumer's ``RELAY_ALLOW_NETWORKS``,
+  parsed by ``service.netpolicy.parse_networks``). A name that does not resolve within
+  ``DNS_CHECK_SECONDS`` is let through: the consumer checks every address again when it
+  connects. An e-mail destination by ``email-validator`` (syntax, no DNS); an SMS
+  destination must be a valid E.164 number (``+14155550123``).
+* the payload: a JSON object at most 32 levels deep, no NUL character in any string, the
+  channel's keys (email: ``subject`` and ``text``, optional ``html``; SMS: ``body``) and
+  the channel's send-time size limit (``service.limits``).
 
 The connection needs the json/jsonb codecs: a connection from
 ``service.db.create_pool`` has them; for your own connections see
@@ -61,23 +70,21 @@ block ``insert_outbox_intent`` in ``sql/queries.sql``.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Literal, get_args
 
 import asyncpg
 
-from service import errors, ledger, netpolicy
+from service import entry, errors, ledger, netpolicy
 from service.db import q
 
 OutboxChannel = Literal["webhook", "email", "sms"]
 
 CHANNELS: tuple[str, ...] = get_args(OutboxChannel)
-# Channel adapters accept idempotency keys of 1-256 visible ASCII characters; the
-# stored key is the caller's key with the outbox namespace in front of it.
-MAX_KEY_CHARS = 256 - len(ledger.outbox_key(""))
-MAX_DESTINATION_CHARS = 2048  # as for reminders
-MAX_PROVIDER_CHARS = 100  # as for reminders
-_KEY = re.compile(r"[\x21-\x7e]+")
+# The key as sent is the caller's key with the outbox namespace in front of it.
+MAX_KEY_CHARS = entry.MAX_OUTBOX_KEY_CHARS
+# The transaction holds its locks while a webhook host is resolved: at most this long.
+DNS_CHECK_SECONDS = 2.0
+MAX_DESTINATION_CHARS = entry.MAX_DESTINATION_CHARS  # as for reminders
 
 
 class OutboxError(errors.RelayError):
@@ -111,35 +118,22 @@ def _check(
     destination: str,
     payload: dict[str, Any],
     provider: str | None,
+    allow: netpolicy.AllowList,
 ) -> None:
-    """Raise InvalidIntentError naming the first problem (never quoting the value)."""
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise InvalidIntentError("key must be non-empty visible ASCII without spaces")
-    if len(key) > MAX_KEY_CHARS:
-        raise InvalidIntentError(f"key must be at most {MAX_KEY_CHARS} characters")
-    if channel not in CHANNELS:
-        raise InvalidIntentError(f"channel must be one of {', '.join(CHANNELS)}")
-    if not isinstance(destination, str) or not destination.strip():
-        raise InvalidIntentError("destination must be a non-empty string")
-    if destination != destination.strip() or len(destination) > MAX_DESTINATION_CHARS:
-        raise InvalidIntentError(
-            f"destination must have no surrounding spaces and at most "
-            f"{MAX_DESTINATION_CHARS} characters"
-        )
-    if channel == "webhook":
-        # Shape only: the addresses a host resolves to are checked when it is sent to,
-        # against the consumer's RELAY_ALLOW_NETWORKS (see service.netpolicy).
-        problem = netpolicy.url_problem(destination)
+    """Raise InvalidIntentError naming the argument and its first problem (never quoting
+    the value). The static checks: everything but resolving a webhook's host."""
+    checks = (
+        ("key", entry.identifier_problem(key, MAX_KEY_CHARS)),
+        ("channel", None if channel in CHANNELS else f"must be one of {', '.join(CHANNELS)}"),
+        ("destination", entry.destination_problem(channel, destination, allow)),
+        ("provider", None if provider is None else entry.provider_problem(provider)),
+    )
+    for argument, problem in checks:
         if problem is not None:
-            raise InvalidIntentError(f"destination: {problem}")
-    if not isinstance(payload, dict):
-        raise InvalidIntentError("payload must be a dict (a JSON object)")
-    try:
-        json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError):
-        raise InvalidIntentError("payload must be JSON-serializable") from None
-    if provider is not None and not 1 <= len(provider) <= MAX_PROVIDER_CHARS:
-        raise InvalidIntentError(f"provider must have 1-{MAX_PROVIDER_CHARS} characters")
+            raise InvalidIntentError(f"{argument}: {problem}")
+    problem = entry.payload_problem(channel, payload, destination)
+    if problem is not None:
+        raise InvalidIntentError(problem)
 
 
 async def add_intent(
@@ -151,12 +145,15 @@ async def add_intent(
     payload: dict[str, Any],
     provider: str | None = None,
     urgent: bool = False,
+    allow_networks: netpolicy.AllowList = (),
 ) -> int | None:
     """Add a pending delivery intent inside the caller's open transaction.
 
     ``key`` is the business identity of the event (``"hold:<id>:expired:email"``),
     never a random id: a key that already exists inserts nothing. The module docstring
-    shows the call and says what is checked here and what at send time.
+    shows the call and says what is checked. ``allow_networks`` are the networks a
+    webhook destination may resolve to although not public (the consumer's
+    ``RELAY_ALLOW_NETWORKS``); by default only public addresses.
 
     Returns the new delivery id, or None when the key already exists.
 
@@ -164,8 +161,9 @@ async def add_intent(
         NoTransactionError: ``conn`` has no open transaction (nothing is written: an
             intent outside the state change's transaction is exactly what the outbox
             exists to prevent).
-        InvalidIntentError: an argument is invalid, or the connection lacks the
-            jsonb codec; nothing is written.
+        InvalidIntentError: an argument is invalid (the message names it and why,
+            never its value), or the connection lacks the jsonb codec; nothing is
+            written.
         asyncpg.PostgresError: from the insert; the caller's transaction is then
             aborted, as for any failed statement in it.
     """
@@ -174,7 +172,13 @@ async def add_intent(
             "outbox.add_intent must run inside the caller's open transaction "
             "(async with conn.transaction(): ...)"
         )
-    _check(key, channel, destination, payload, provider)
+    _check(key, channel, destination, payload, provider, allow_networks)
+    if channel == "webhook":
+        refused = await entry.resolved_problem(
+            destination, allow_networks, timeout_seconds=DNS_CHECK_SECONDS
+        )
+        if refused is not None:
+            raise InvalidIntentError(f"destination: {refused}")
     encoded = True
     try:
         delivery_id = await conn.fetchval(

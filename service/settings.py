@@ -6,20 +6,75 @@ Each field documents its default and unit. ``load()`` turns a validation failure
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import unquote, urlsplit
 
+import email_validator
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-from service import errors
+from service import errors, limits
 
 _NUMBER = r"\d+(\.\d+)?"
 _BUDGET = rf"\s*[\w.-]+={_NUMBER}(/{_NUMBER})?\s*"
 _BUDGETS = re.compile(rf"^({_BUDGET}(,{_BUDGET})*)?$")
 _ATTEMPTS = re.compile(r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$")
+_ENCODE_HINT = "(a user name or password with '@', '/', ':' or '?' must be percent-encoded)"
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """Where a server URL points, without its credentials: safe to print."""
+
+    hosts: tuple[tuple[str, int], ...]  # (host, port); host "" is the local socket
+    user: str
+    path: str  # the database name, or the AMQP virtual host
+
+    def where(self) -> str:
+        """``host:port`` (several joined by commas), e.g. ``127.0.0.1:5432``."""
+        return ",".join(
+            f"[{h}]:{p}" if ":" in h else f"{h or 'local socket'}:{p}" for h, p in self.hosts
+        )
+
+
+def parse_server_url(
+    url: str, schemes: tuple[str, ...], default_port: int, *, several_hosts: bool
+) -> ServerAddress:
+    """Split a PostgreSQL DSN or an AMQP URL; ValueError says what is wrong in one line.
+
+    Neither the URL nor any part of it that may be secret is ever quoted in the error.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"not a URL: expected {schemes[0]}://user@host:{default_port}/...")
+    if scheme.lower() not in schemes:
+        # What was given is not quoted: whatever sits before "://" might be a secret.
+        raise ValueError(f"the scheme must be {' or '.join(s + '://' for s in schemes)}")
+    parts = urlsplit(f"{schemes[0]}://{rest}")
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    entries = hostlist.split(",")
+    if len(entries) > 1 and not several_hosts:
+        raise ValueError("give one host:port")
+    hosts = []
+    for entry in entries:
+        if entry.startswith("["):
+            host, _, after = entry[1:].partition("]")
+            port_text = after.removeprefix(":")
+        else:
+            host, _, port_text = entry.partition(":")
+        if port_text and not (port_text.isascii() and port_text.isdigit()):
+            raise ValueError(f"the port is not a number {_ENCODE_HINT}")
+        port = int(port_text) if port_text else default_port
+        if not 1 <= port <= 65535:
+            raise ValueError("the port must be from 1 to 65535")
+        hosts.append((host, port))
+    user = unquote(userinfo.partition(":")[0]) if at else ""
+    return ServerAddress(tuple(hosts), user, unquote(parts.path.removeprefix("/")))
 
 
 class Settings(BaseSettings):
@@ -243,7 +298,9 @@ class Settings(BaseSettings):
         default=SecretStr(""), description="Email API key. Empty: the email channel is off."
     )
     email_sender: str = Field(
-        default="", description="From address of reminder e-mails, e.g. 'Reminders <r@x.com>'."
+        default="",
+        description="From address of reminder e-mails, optionally with a name, e.g. "
+        "'Reminders <r@x.com>'; at most 1 KiB.",
     )
     sms_api_base_url: str = Field(
         default="https://api.twilio.com",
@@ -320,6 +377,58 @@ class Settings(BaseSettings):
             raise ValueError("expected channel=attempts,... e.g. sms=4,email=10")
         return value
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_parses(cls, value: SecretStr) -> SecretStr:
+        parse_server_url(
+            value.get_secret_value(), ("postgresql", "postgres"), 5432, several_hosts=True
+        )
+        return value
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _amqp_url_parses(cls, value: SecretStr) -> SecretStr:
+        address = parse_server_url(
+            value.get_secret_value(), ("amqp", "amqps"), 5672, several_hosts=False
+        )
+        if not address.hosts[0][0]:
+            raise ValueError("the host is missing (expected amqp://user:password@host:5672/)")
+        return value
+
+    @field_validator("email_sender")
+    @classmethod
+    def _sender_is_an_address(cls, value: str) -> str:
+        if not value:
+            return value
+        if len(json.dumps(value, ensure_ascii=False).encode()) - 2 > limits.EMAIL_MAX_SENDER_BYTES:
+            raise ValueError(f"must be at most {limits.EMAIL_MAX_SENDER_BYTES} bytes")
+        try:
+            email_validator.validate_email(
+                value, check_deliverability=False, allow_display_name=True
+            )
+        except email_validator.EmailNotValidError as exc:
+            raise ValueError(
+                f"not an e-mail address ('Name <a@b.example>' or 'a@b.example'): {exc}"
+            ) from None
+        return value
+
+    def database_address(self) -> ServerAddress:
+        """Where RELAY_DATABASE_URL points (host:port, user, database): safe to print."""
+        address = parse_server_url(
+            self.database_url.get_secret_value(), ("postgresql", "postgres"), 5432,
+            several_hosts=True,
+        )  # fmt: skip
+        # asyncpg's defaults: the database is named like the user, the user like the OS user.
+        user = address.user or os.environ.get("PGUSER") or _os_user()
+        return ServerAddress(address.hosts, user, address.path or user)
+
+    def amqp_address(self) -> ServerAddress:
+        """Where RELAY_AMQP_URL points (host:port, user, virtual host): safe to print."""
+        address = parse_server_url(
+            self.amqp_url.get_secret_value(), ("amqp", "amqps"), 5672, several_hosts=False
+        )
+        return ServerAddress(address.hosts, address.user or "guest", address.path or "/")
+
     @field_validator("database_ssl")
     @classmethod
     def _ssl_mode(cls, value: str) -> str:
@@ -348,6 +457,16 @@ def load(**overrides: object) -> Settings:
         if not first["loc"]:  # a rule across settings: its message names them
             raise errors.ConfigError(first["msg"].removeprefix("Value error, ")) from None
         field = str(first["loc"][0])
-        raise errors.ConfigError(f"RELAY_{field.upper()}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise errors.ConfigError(f"RELAY_{field.upper()}: {message}") from None
     except SettingsError as exc:
         raise errors.ConfigError(str(exc)) from None
+
+
+def _os_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "postgres"

@@ -40,6 +40,7 @@ from pydantic import SecretStr
 
 from consumer.channels import http
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
+from service import limits
 
 __all__ = ["EmailChannel", "EmailConfig"]
 
@@ -57,7 +58,7 @@ class EmailConfig:
     base_url: str = "https://api.resend.com"
     timeout_seconds: float = 10.0
     connect_timeout_seconds: float = 3.0
-    max_request_bytes: int = 512 * 1024
+    max_request_bytes: int = limits.EMAIL_MAX_REQUEST_BYTES  # as checked at entry
     max_response_bytes: int = 16 * 1024
     max_response_excerpt_bytes: int = 512
     user_agent: str = "reminder-relay-email/1"

@@ -42,10 +42,11 @@ from pydantic import SecretStr
 
 from consumer.channels import http
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
+from service import limits
 
 __all__ = ["MAX_BODY_CHARS", "SmsChannel", "SmsConfig"]
 
-MAX_BODY_CHARS = 1600  # Twilio's limit for one (concatenated) message body
+MAX_BODY_CHARS = limits.SMS_MAX_BODY_CHARS  # Twilio's limit, as checked at entry
 _E164 = re.compile(r"\+[1-9][0-9]{1,14}")
 _ACCOUNT_SID = re.compile(r"AC[0-9a-fA-F]{32}")
 _SERVICE_SID = re.compile(r"MG[0-9a-fA-F]{32}")

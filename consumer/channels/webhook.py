@@ -41,6 +41,7 @@ from standardwebhooks.webhooks import Webhook
 
 from consumer.channels import http
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
+from service import limits
 from service.netpolicy import (
     DestinationRefused,
     IPNetwork,
@@ -70,7 +71,7 @@ class WebhookConfig:
     timeout_seconds: float = 10.0  # whole attempt: connect, send, headers and body read
     connect_timeout_seconds: float = 3.0  # TCP connect (plus TLS) per address
     allow_networks: tuple[IPNetwork, ...] = ()  # exceptions to the SSRF policy
-    max_request_bytes: int = 256 * 1024  # serialized JSON body
+    max_request_bytes: int = limits.WEBHOOK_MAX_BODY_BYTES  # serialized JSON body (as at entry)
     max_response_bytes: int = 64 * 1024  # read at most this much of any answer
     max_response_excerpt_bytes: int = 1024  # kept in Outcome.response_excerpt
     user_agent: str = "reminder-relay-webhooks/1"

@@ -14,12 +14,19 @@ import gc
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable, Coroutine, Sequence
+from importlib import metadata
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import uvloop
 
 from service import errors, logs, settings
+
+_log = logs.get("cli")
+# The folder holding service/, publisher/ and consumer/: frames there are this project's.
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 Handler = Callable[[argparse.Namespace, settings.Settings], Coroutine[Any, Any, int]]
 
@@ -47,59 +54,129 @@ HANDLERS = {
 # The subcommands' parsers (argparse's type for it is private).
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
+_SETTINGS_NOTE = "Settings come from RELAY_* environment variables (see the README)."
+
+
+def _version() -> str:
+    try:
+        return f"relay {metadata.version('reminder-relay')}"
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "relay (version unknown: not installed)"
+
+
+def _command(
+    sub: Subcommands, name: str, summary: str, *examples: str
+) -> argparse.ArgumentParser:
+    """A subcommand whose help has a one-line description and examples."""
+    lines = "\n".join(f"  {example}" for example in examples)
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog=f"example{'s' if len(examples) > 1 else ''}:\n{lines}\n\n{_SETTINGS_NOTE}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``relay`` parser; ``relay --help`` lists the subcommands in this order."""
     parser = argparse.ArgumentParser(
         prog="relay",
         description="Deliver scheduled reminders: one logical event per delivery, none lost.",
-        epilog="Settings come from RELAY_* environment variables (see README).",
+        epilog="exit codes: 0 ok, 1 incomplete (or a bug: the message says so), "
+        "2 bad setting, argument or input (nothing done), 3 database or broker unavailable. "
+        + _SETTINGS_NOTE,
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("migrate", help="apply database migrations (idempotent)")
+    _command(sub, "migrate", "apply database migrations (idempotent)", "relay migrate")
     _add_reminders(sub)
     _add_publish_and_rescue(sub)
     _add_replay(sub)
     _add_consume(sub)
     _add_status(sub)
     _add_destinations(sub)
-    sub.add_parser("pause", help="pause admission: publish runs record and exit")
-    sub.add_parser("resume", help="resume admission")
+    _command(sub, "pause", "pause admission: publish runs record and exit", "relay pause")
+    _command(sub, "resume", "resume admission", "relay resume")
     _add_partner_and_demo(sub)
     return parser
 
 
 def _add_reminders(sub: Subcommands) -> None:
-    rem = sub.add_parser("reminders", help="load, list, show or cancel reminders")
+    rem = _command(
+        sub,
+        "reminders",
+        "load, list, show or cancel reminders",
+        "relay reminders load reminders.jsonl",
+        "relay reminders show clinic-42-daily",
+    )
     rsub = rem.add_subparsers(dest="action", required=True, metavar="ACTION")
-    load = rsub.add_parser("load", help="upsert reminders from a JSON Lines file (- = stdin)")
-    load.add_argument("file")
-    lst = rsub.add_parser("list", help="list reminders")
-    lst.add_argument("--limit", type=int, default=50)
+    load = _command(
+        rsub,
+        "load",
+        "upsert reminders from a JSON Lines file, all or nothing",
+        "relay reminders load reminders.jsonl",
+        "cat reminders.jsonl | relay reminders load -",
+    )
+    load.add_argument("file", help="JSON Lines file, one reminder per line (- reads stdin)")
+    lst = _command(rsub, "list", "list reminders, by id", "relay reminders list --limit 20")
+    lst.add_argument("--limit", type=int, default=50, help="most reminders to list (default 50)")
     lst.add_argument("--after", default=None, help="page after this id")
-    show = rsub.add_parser("show", help="a reminder and its next occurrences")
-    show.add_argument("id")
-    show.add_argument("--next", type=int, default=5, dest="count")
-    cancel = rsub.add_parser("cancel", help="deactivate a reminder (queued sends are skipped)")
-    cancel.add_argument("id")
+    show = _command(
+        rsub,
+        "show",
+        "a reminder and its next occurrences (local time and UTC)",
+        "relay reminders show clinic-42-daily --next 10",
+    )
+    show.add_argument("id", help="the reminder's id")
+    show.add_argument(
+        "--next", type=int, default=5, dest="count", help="how many occurrences (default 5)"
+    )
+    cancel = _command(
+        rsub,
+        "cancel",
+        "deactivate a reminder (queued sends are skipped)",
+        "relay reminders cancel clinic-42-daily",
+    )
+    cancel.add_argument("id", help="the reminder's id")
 
 
 def _add_publish_and_rescue(sub: Subcommands) -> None:
-    pub = sub.add_parser("publish", help="one discovery run (CronJob)")
+    pub = _command(
+        sub,
+        "publish",
+        "one discovery run (CronJob): admission, the pending sweep, then rescue",
+        "relay publish",
+        "relay publish --scheduled-at 2026-03-01T06:00:00+00:00",
+    )
     pub.add_argument(
         "--scheduled-at",
         default=None,
         help="intended fire time (ISO 8601) for scheduler-lag accounting; default: this minute",
     )
-    sub.add_parser("rescue", help="republish rows whose message was lost")
+    _command(sub, "rescue", "republish rows whose message was lost", "relay rescue")
 
 
 def _add_replay(sub: Subcommands) -> None:
-    rep = sub.add_parser("replay", help="replay dead letters (from the queue or the ledger)")
-    rep.add_argument("--from", dest="source", choices=["queue", "ledger"], default="queue")
+    rep = _command(
+        sub,
+        "replay",
+        "replay dead letters (from the queue or the ledger); a dry run unless --apply",
+        "relay replay",
+        "relay replay --from ledger --since 2026-03-01T00:00:00+00:00 --channel sms --apply",
+    )
+    rep.add_argument(
+        "--from",
+        dest="source",
+        choices=["queue", "ledger"],
+        default="queue",
+        help="read the dead-letter queue (default) or select rows from the ledger",
+    )
     rep.add_argument("--apply", action="store_true", help="do it (default: dry run)")
     rep.add_argument("--dry-run", action="store_true", help="print what would happen (default)")
-    rep.add_argument("--limit", type=int, default=1000)
+    rep.add_argument(
+        "--limit", type=int, default=1000, help="most deliveries to replay (default 1000)"
+    )
     # Which ledger rows to replay (with --from ledger).
     rep.add_argument(
         "--state",
@@ -107,55 +184,101 @@ def _add_replay(sub: Subcommands) -> None:
         default=None,
         help="ledger states to select (default: dead); repeatable",
     )
-    rep.add_argument("--since", default=None, help="created at or after (ISO 8601)")
-    rep.add_argument("--until", default=None, help="created before (ISO 8601)")
-    rep.add_argument("--run", type=int, default=None, help="publish run id")
-    rep.add_argument("--reminder", default=None)
-    rep.add_argument("--provider", default=None)
-    rep.add_argument("--channel", default=None)
-    rep.add_argument("--key", default=None, help="idempotency key")
-    rep.add_argument("--last-status", type=int, default=None)
-    rep.add_argument("--operator", default=os.environ.get("USER", "unknown"))
+    rep.add_argument("--since", default=None, help="created at or after (ISO 8601 with offset)")
+    rep.add_argument("--until", default=None, help="created before (ISO 8601 with offset)")
+    rep.add_argument("--run", type=int, default=None, help="only deliveries of this publish run")
+    rep.add_argument("--reminder", default=None, help="only deliveries of this reminder id")
+    rep.add_argument("--provider", default=None, help="only deliveries for this provider")
+    rep.add_argument("--channel", default=None, help="only this channel (webhook, email, sms)")
+    rep.add_argument("--key", default=None, help="only the delivery with this idempotency key")
+    rep.add_argument(
+        "--last-status", type=int, default=None, help="only rows whose last HTTP status was this"
+    )
+    rep.add_argument(
+        "--operator",
+        default=os.environ.get("USER", "unknown"),
+        help="who replays, recorded with an applied replay (default: $USER)",
+    )
 
 
 def _add_consume(sub: Subcommands) -> None:
-    con = sub.add_parser("consume", help="consume and deliver until SIGTERM (Deployment)")
+    con = _command(
+        sub,
+        "consume",
+        "consume and deliver until SIGTERM (Deployment)",
+        "relay consume",
+        "relay consume --check",
+    )
     con.add_argument(
         "--check",
         action="store_true",
-        help="probe: exit 0 if the database and broker are reachable",
+        help="probe: check the settings as consume does, then that the database (with its "
+        "schema) and the broker answer; exit 0 if so",
     )
 
 
 def _add_status(sub: Subcommands) -> None:
-    st = sub.add_parser("status", help="per-run report: who got it and who did not")
-    st.add_argument("--run", type=int, default=None)
-    st.add_argument("--runs", type=int, default=10, help="how many recent runs")
+    st = _command(
+        sub,
+        "status",
+        "per-run report: who got it and who did not",
+        "relay status",
+        "relay status --missing --json",
+    )
+    st.add_argument("--run", type=int, default=None, help="report this publish run only")
+    st.add_argument("--runs", type=int, default=10, help="how many recent runs (default 10)")
     st.add_argument(
         "--all-runs",
         action="store_true",
         help="include runs that admitted nothing (by default only runs with work)",
     )
     st.add_argument("--missing", action="store_true", help="list deliveries not delivered")
-    st.add_argument("--limit", type=int, default=1000)
-    st.add_argument("--json", action="store_true")
+    st.add_argument(
+        "--limit", type=int, default=1000, help="most rows --missing lists (default 1000)"
+    )
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def _add_destinations(sub: Subcommands) -> None:
-    dst = sub.add_parser("destinations", help="destinations disabled by a 410 Gone")
+    dst = _command(
+        sub,
+        "destinations",
+        "destinations disabled by a 410 Gone",
+        "relay destinations list",
+        "relay destinations enable https://partner.example/hooks/r",
+    )
     dsub = dst.add_subparsers(dest="action", required=True, metavar="ACTION")
-    dsub.add_parser("list", help="list disabled destinations")
-    enable = dsub.add_parser("enable", help="enable a destination again (reactivate reminders)")
-    enable.add_argument("destination")
+    _command(dsub, "list", "list disabled destinations", "relay destinations list")
+    enable = _command(
+        dsub,
+        "enable",
+        "enable a destination again (reactivate reminders)",
+        "relay destinations enable https://partner.example/hooks/r",
+    )
+    enable.add_argument("destination", help="the destination exactly as listed")
 
 
 def _add_partner_and_demo(sub: Subcommands) -> None:
-    par = sub.add_parser("partner", help="run the demo partner endpoint (honours keys)")
-    par.add_argument("--host", default="127.0.0.1")
-    par.add_argument("--port", type=int, default=8090)
-    demo = sub.add_parser("demo", help="the whole pipeline on this machine, then a report")
-    demo.add_argument("--reminders", type=int, default=1000)
-    demo.add_argument("--consumers", type=int, default=2)
+    par = _command(
+        sub,
+        "partner",
+        "run the demo partner endpoint (honours keys)",
+        "relay partner --port 8090",
+    )
+    par.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    par.add_argument("--port", type=int, default=8090, help="port to listen on (default 8090)")
+    demo = _command(
+        sub,
+        "demo",
+        "the whole pipeline on this machine, then a report",
+        "relay demo --reminders 1000 --consumers 2",
+    )
+    demo.add_argument(
+        "--reminders", type=int, default=1000, help="reminders to load (default 1000)"
+    )
+    demo.add_argument(
+        "--consumers", type=int, default=2, help="consumer processes to start (default 2)"
+    )
     demo.add_argument("--keep", action="store_true", help="leave the demo's data in place")
 
 
@@ -165,10 +288,26 @@ def resolve(name: str) -> Handler:
     return handler
 
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``relay`` console script."""
+    """Entry point of the ``relay`` console script.
+
+    Every failure it expects ends in one line on stderr and a documented exit code: a bad
+    setting, argument or input (2), a server that cannot be used (3). Anything else is a
+    bug: one line saying so and where, and the traceback as a DEBUG log line
+    (``RELAY_LOG_LEVEL=DEBUG`` shows it); exit 1.
+    """
     args = build_parser().parse_args(argv)
-    logs.setup(os.environ.get("RELAY_LOG_LEVEL", "INFO"))
+    level = os.environ.get("RELAY_LOG_LEVEL", "INFO").upper()
+    if level not in _LOG_LEVELS:
+        print(
+            f"relay: configuration error: RELAY_LOG_LEVEL: must be one of {', '.join(_LOG_LEVELS)}",
+            file=sys.stderr,
+        )
+        return errors.ExitCode.CONFIG
+    logs.setup(level)
     try:
         config = settings.load()
     except errors.ConfigError as exc:
@@ -190,13 +329,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"relay: configuration error: {exc}", file=sys.stderr)
         return errors.ExitCode.CONFIG
     except errors.InputError as exc:
-        print(f"relay: bad input:\n{exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"relay: bad input: {line}", file=sys.stderr)
         return errors.ExitCode.CONFIG
     except errors.UnavailableError as exc:
         print(f"relay: {exc}", file=sys.stderr)
         return errors.ExitCode.UNAVAILABLE
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug: say so in one line, keep the traceback for DEBUG
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> int:
+    """Report a bug: one line on stderr naming the error and where it was raised, and the
+    traceback as a DEBUG log line. The message is redacted (no addresses) and cut short."""
+    where = _bug_site(exc)
+    detail = " ".join(logs.redact(str(exc)).split())[:200]
+    _log.debug("internal error", exc_info=exc, extra={"event": "internal_error", "where": where})
+    print(
+        f"relay: internal error (a bug): {type(exc).__name__}"
+        + (f": {detail}" if detail else "")
+        + f" at {where}; RELAY_LOG_LEVEL=DEBUG prints the traceback",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _bug_site(exc: BaseException) -> str:
+    """``path:line`` of the innermost frame in this project's code (else the innermost)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    root = _PROJECT_ROOT
+    ours = [f for f in frames if Path(f.filename).is_relative_to(root)]
+    frame = (ours or frames)[-1]
+    path = Path(frame.filename)
+    shown = path.relative_to(root) if path.is_relative_to(root) else Path(path.name)
+    return f"{shown}:{frame.lineno}"
 
 
 if __name__ == "__main__":

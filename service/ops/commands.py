@@ -12,8 +12,8 @@ import getpass
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
-from typing import TextIO
+from datetime import UTC, datetime, timedelta
+from typing import BinaryIO
 
 import asyncpg
 
@@ -25,8 +25,8 @@ from service.settings import Settings
 
 
 @asynccontextmanager
-async def _pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
-    pool = await db.create_pool(settings, size=2)
+async def _pool(settings: Settings, *, check_schema: bool = True) -> AsyncIterator[asyncpg.Pool]:
+    pool = await db.create_pool(settings, size=2, check_schema=check_schema)
     try:
         yield pool
     finally:
@@ -41,7 +41,7 @@ def allow_list(settings: Settings) -> list[netpolicy.IPNetwork]:
 
 
 async def migrate(args: argparse.Namespace, settings: Settings) -> int:
-    async with _pool(settings) as pool:
+    async with _pool(settings, check_schema=False) as pool:
         applied = await db.migrate(pool)
     print(f"migrations applied: {', '.join(applied) if applied else 'none (up to date)'}")
     return errors.ExitCode.OK
@@ -50,14 +50,16 @@ async def migrate(args: argparse.Namespace, settings: Settings) -> int:
 async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
     allow = allow_list(settings)
     try:
-        source: TextIO = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+        # Bytes, not text: an invalid UTF-8 byte is then reported with its line number.
+        source: BinaryIO = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
     except OSError as exc:
         raise errors.InputError(f"{args.file}: {exc.strerror}") from None
     try:
         async with _pool(settings) as pool:
-            count = await reminders.load(pool, source, allow)  # streamed, chunk by chunk
+            lines = reminders.read_lines(source)
+            count = await reminders.load(pool, lines, allow)  # streamed, chunk by chunk
     finally:
-        if source is not sys.stdin:
+        if args.file != "-":
             source.close()
     print(f"loaded {count} reminders")
     return errors.ExitCode.OK
@@ -109,7 +111,7 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{key:>16}: {row[key]}")
     sched = schedule.from_row(row)
     start = row["next_due_at"] or datetime.now(UTC)
-    upcoming = schedule.occurrences(sched, start, start.replace(year=start.year + 2), args.count)
+    upcoming = schedule.occurrences(sched, start, _horizon(start), args.count)
     if row["next_due_at"] is None or not row["active"]:
         upcoming = []
     print("next occurrences:" if upcoming else "next occurrences: none")
@@ -122,6 +124,19 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
             f"= {at:%Y-%m-%d %H:%M} UTC"
         )
     return errors.ExitCode.OK
+
+
+# How far ahead `reminders show` looks for occurrences: two years. A duration, not
+# `replace(year=...)`, which fails for 29 February.
+_SHOW_HORIZON = timedelta(days=731)
+
+
+def _horizon(start: datetime) -> datetime:
+    """``start`` plus two years, or the end of the calendar if that is sooner."""
+    try:
+        return start + _SHOW_HORIZON
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
 
 
 async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:

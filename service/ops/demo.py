@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
 import asyncpg
 
 from service import amqp, db, errors
@@ -43,7 +42,8 @@ def _with_database(url: str, name: str) -> str:
 
 
 async def _fresh_database(settings: Settings) -> str:
-    admin = await asyncpg.connect(settings.database_url.get_secret_value())
+    # Through db.create_pool: a server that cannot be used is one line naming it (exit 3).
+    admin = await db.create_pool(settings, size=1, check_schema=False)
     try:
         await admin.execute(db.q("demo_drop_database"))
         await admin.execute(db.q("demo_create_database"))
@@ -53,7 +53,7 @@ async def _fresh_database(settings: Settings) -> str:
 
 
 async def _fresh_namespace(settings: Settings) -> None:
-    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    connection = await amqp.connect(settings, name="relay-demo")
     async with connection:
         channel = await connection.channel()
         topology = amqp.Topology.from_settings(

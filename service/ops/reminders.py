@@ -1,20 +1,23 @@
 """Reminder files (JSON Lines) and the management operations on reminders.
 
-A file is all-or-nothing: it is read and upserted by ``id`` in chunks of 5,000 lines inside
-one transaction; if any line is bad, the command names each bad line (up to 20, with a
-count of the rest) and the transaction is rolled back, so nothing is loaded.
+A file is all-or-nothing: it is read and upserted by ``id`` in chunks (5,000 lines, or
+fewer when they are long) inside one transaction; if any line is bad, the command names
+each bad line (up to 20, with a count of the rest) and the transaction is rolled back, so
+nothing is loaded.
+
+Each line is checked by ``service.entry``, the same door the outbox API uses: its bytes
+(UTF-8, at most ``MAX_LINE_BYTES``), its JSON (no NaN, nesting bounded, no NUL), the
+reminder's fields, its destination (the destination policy, e-mail syntax, E.164) and its
+payload (the channel's keys and send-time size).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any, BinaryIO, Literal
 
 import asyncpg
 from pydantic import (
@@ -27,10 +30,19 @@ from pydantic import (
     model_validator,
 )
 
-from service import db, errors, netpolicy, schedule
+from service import db, entry, errors, limits, netpolicy, schedule
 
 MAX_REPORTED_ERRORS = 20
-UPSERT_BATCH = 5000
+UPSERT_BATCH = 5000  # lines per chunk, at most
+CHUNK_BYTES = 32 * 1024 * 1024  # and at most this much text per chunk
+# A line may be at most this long: a payload at the largest send-time limit, written with
+# every character escaped (\uXXXX), still fits. Longer lines are refused unread.
+MAX_LINE_BYTES = 4 * 1024 * 1024
+_BOM = "\ufeff"
+_TOO_LONG = (
+    f"longer than {MAX_LINE_BYTES:,} bytes, so its payload is over every channel's limit "
+    f"(at most {limits.MAX_PAYLOAD_BYTES:,} bytes as JSON)"
+)
 
 
 class ReminderLine(BaseModel):
@@ -38,9 +50,9 @@ class ReminderLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(min_length=1, max_length=200)
+    id: str
     channel: Literal["webhook", "email", "sms"]
-    destination: str = Field(min_length=1, max_length=2048)
+    destination: str = Field(min_length=1, max_length=entry.MAX_DESTINATION_CHARS)
     payload: dict[str, Any]
     due_at: AwareDatetime | None = None
     daily_at: str | None = None
@@ -50,13 +62,32 @@ class ReminderLine(BaseModel):
     stale_after: timedelta | None = None  # seconds or ISO 8601 duration ("PT2H")
     send_stale: bool = False
     urgent: bool = False
-    provider: str | None = Field(default=None, min_length=1, max_length=100)
+    provider: str | None = None
 
-    @field_validator("destination")
+    @field_validator("id")
     @classmethod
-    def _no_whitespace(cls, value: str) -> str:
-        if value != value.strip():
-            raise ValueError("must not have leading or trailing spaces")
+    def _id_alphabet(cls, value: str) -> str:
+        problem = entry.identifier_problem(value, entry.MAX_REMINDER_ID_CHARS)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("provider")
+    @classmethod
+    def _provider_name(cls, value: str | None) -> str | None:
+        problem = None if value is None else entry.provider_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("due_at")
+    @classmethod
+    def _due_at_in_calendar(cls, value: datetime | None) -> datetime | None:
+        if value is not None:
+            try:
+                value.astimezone(UTC)
+            except OverflowError:
+                raise ValueError("outside the calendar (years 1 to 9999 in UTC)") from None
         return value
 
     @model_validator(mode="after")
@@ -112,16 +143,77 @@ class Problems:
             self.kept.append((number, f"line {number}: {text}"))
 
     def raise_if_any(self) -> None:
+        """Raise InputError: one line per bad line shown, then one saying nothing was
+        loaded (a single bad line is one line: ``line 3: ...; nothing was loaded``)."""
         if not self.count:
             return
         shown = [text for _, text in sorted(self.kept)[:MAX_REPORTED_ERRORS]]
+        if self.count == 1:
+            raise errors.InputError(f"{shown[0]}; nothing was loaded")
         more = self.count - len(shown)
         tail = [f"... and {more} more bad lines"] if more else []
-        raise errors.InputError("\n".join([*shown, *tail, "nothing was loaded"]))
+        summary = f"nothing was loaded ({self.count:,} bad lines)"
+        raise errors.InputError("\n".join([*shown, *tail, summary]))
+
+
+def _decode(number: int, raw: str | bytes, problems: Problems) -> str | None:
+    """The text of one line, or None (blank, or bad: then reported)."""
+    if isinstance(raw, bytes):
+        if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+            problems.add(number, _TOO_LONG)
+            return None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            byte = raw[exc.start]
+            problems.add(number, f"not valid UTF-8 (byte 0x{byte:02x} at column {exc.start + 1})")
+            return None
+    else:
+        text = raw
+        if len(text) > MAX_LINE_BYTES:
+            problems.add(number, _TOO_LONG)
+            return None
+    if number == 1:
+        text = text.removeprefix(_BOM)  # a byte-order mark some editors write
+    return text if text.strip() else None
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_json(number: int, text: str, problems: Problems) -> dict[str, Any] | None:
+    """The line's object, or None (reported): nesting is bounded before parsing, so no
+    line can exhaust the parser's recursion."""
+    depth = limits.MAX_PAYLOAD_DEPTH + 1  # the line's object holds the payload
+    if text.count("[") + text.count("{") > depth and entry.json_depth(text) > depth:
+        problems.add(number, f"nested deeper than {limits.MAX_PAYLOAD_DEPTH} levels")
+        return None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        problems.add(number, f"not valid JSON ({exc.msg} at column {exc.colno})")
+        return None
+    except ValueError as exc:  # NaN or Infinity, an integer of more than 4,300 digits
+        problems.add(number, f"not valid JSON ({exc})")
+        return None
+    if not isinstance(data, dict):
+        problems.add(number, "expected a JSON object")
+        return None
+    for key, value in data.items():
+        problem = entry.text_problem(key)
+        if problem is None:
+            problem = entry.value_problem(value, key, limits.MAX_PAYLOAD_DEPTH)
+        else:
+            problem = f"a key {problem}"
+        if problem is not None:
+            problems.add(number, problem)
+            return None
+    return data
 
 
 def parse_lines(
-    numbered: Iterable[tuple[int, str]],
+    numbered: Iterable[tuple[int, str | bytes]],
     now: datetime,
     allow: netpolicy.AllowList,
     seen: set[str],
@@ -131,15 +223,11 @@ def parse_lines(
     the ids of earlier lines, across chunks of one file."""
     prepared: list[Prepared] = []
     for number, raw in numbered:
-        if not raw.strip():
+        text = _decode(number, raw, problems)
+        if text is None:
             continue
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            problems.add(number, f"not valid JSON ({exc.msg})")
-            continue
-        if not isinstance(data, dict):
-            problems.add(number, "expected a JSON object")
+        data = _parse_json(number, text, problems)
+        if data is None:
             continue
         try:
             line = ReminderLine.model_validate(data)
@@ -153,11 +241,14 @@ def parse_lines(
             problems.add(number, f"id {line.id!r} appears twice in the file")
             continue
         seen.add(line.id)
-        if line.channel == "webhook":
-            problem = netpolicy.url_problem(line.destination, allow)
-            if problem:
-                problems.add(number, f"destination refused ({problem})")
-                continue
+        problem = entry.destination_problem(line.channel, line.destination, allow)
+        if problem is not None:
+            problems.add(number, f"destination refused ({problem})")
+            continue
+        problem = entry.payload_problem(line.channel, line.payload, line.destination)
+        if problem is not None:
+            problems.add(number, problem)
+            continue
         sched = line.schedule()
         first = schedule.first_occurrence(sched, now)
         prepared.append(Prepared(number, line, first, sched.daily_at))
@@ -176,40 +267,58 @@ async def check_destinations(
     for item in items:
         if item.line.channel != "webhook":
             continue
-        parts = urlsplit(item.line.destination)
-        target = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
-        if target not in verdicts:
-            try:
-                await asyncio.wait_for(netpolicy.resolve_and_check(*target, allow), 5)
-                verdicts[target] = None
-            except netpolicy.DestinationRefused as exc:
-                verdicts[target] = str(exc)
-            except (OSError, TimeoutError):
-                verdicts[target] = None
-        if verdicts[target] is not None:
-            problems.add(item.number, f"destination refused ({verdicts[target]})")
+        problem = await entry.resolved_problem(item.line.destination, allow, verdicts)
+        if problem is not None:
+            problems.add(item.number, f"destination refused ({problem})")
+
+
+def read_lines(stream: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary stream; a line longer than ``MAX_LINE_BYTES`` is cut to its
+    first ``MAX_LINE_BYTES + 1`` bytes (the rest is skipped, never held in memory), which
+    ``parse_lines`` refuses as too long."""
+    while line := stream.readline(MAX_LINE_BYTES + 1):
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while (rest := stream.readline(64 * 1024)) and not rest.endswith(b"\n"):
+                pass
+        yield line
+
+
+def _chunks(
+    numbered: Iterator[tuple[int, str | bytes]],
+) -> Iterator[list[tuple[int, str | bytes]]]:
+    """At most UPSERT_BATCH lines and about CHUNK_BYTES of text at a time."""
+    chunk: list[tuple[int, str | bytes]] = []
+    size = 0
+    for item in numbered:
+        chunk.append(item)
+        size += len(item[1])
+        if len(chunk) >= UPSERT_BATCH or size >= CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 async def load(
     pool: asyncpg.Pool,
-    lines: Iterable[str],
+    lines: Iterable[str | bytes],
     allow: netpolicy.AllowList,
     now: datetime | None = None,
 ) -> int:
     """Validate and upsert a whole file in one transaction; return the number of lines.
 
-    Lines are read, checked and written in chunks, so memory stays flat however long the
-    file; the first bad line stops the writing (checking goes on, to report every bad
-    line) and the transaction is rolled back: all or nothing.
+    ``lines`` are text, or bytes (decoded here as UTF-8, so an invalid byte is reported
+    with its line). Lines are read, checked and written in chunks, so memory stays flat
+    however long the file; the first bad line stops the writing (checking goes on, to
+    report every bad line) and the transaction is rolled back: all or nothing.
     """
     when = now or datetime.now(UTC)
     problems = Problems()
     seen: set[str] = set()
     verdicts: dict[tuple[str, int], str | None] = {}
     loaded = 0
-    numbered = enumerate(lines, start=1)
     async with pool.acquire() as conn, conn.transaction():
-        while chunk := list(itertools.islice(numbered, UPSERT_BATCH)):
+        for chunk in _chunks(enumerate(lines, start=1)):
             items = parse_lines(chunk, when, allow, seen, problems)
             await check_destinations(items, allow, verdicts, problems)
             if not problems.count and items:

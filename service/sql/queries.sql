@@ -14,6 +14,10 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: migrations_applied
 SELECT version FROM schema_migrations ORDER BY version;
 
+-- name: migrations_present
+-- Does the database have the relay's schema at all? (No error when it has not.)
+SELECT to_regclass('schema_migrations') IS NOT NULL;
+
 -- name: migrations_no_deadline
 SET LOCAL statement_timeout = 0;
 

@@ -159,6 +159,7 @@ async def test_urgent_delivery_during_a_20000_bulk_drain_overtakes_the_backlog(
             await outbox.add_intent(
                 conn, key="page-oncall-1", channel="webhook",
                 destination=partner.url("urgent"), payload={"text": "now"}, urgent=True,
+                allow_networks=rs.LOOPBACK,
             )
         assert (await rs.relay(settings, "publish")).code == 0
         await rs.wait_for(lambda: _urgent_delivered(pool), 60, "urgent delivered")

@@ -19,7 +19,7 @@ from tests.support import relay as rs
         ("LEASE_SECONDS", "soon", "RELAY_LEASE_SECONDS: Input should be a valid number"),
         ("AMQP_NAMESPACE", "Bad Name", "RELAY_AMQP_NAMESPACE: String should match pattern"),
         ("DELAY_TIERS_SECONDS", "5,-1", "RELAY_DELAY_TIERS_SECONDS"),
-        ("DATABASE_SSL", "maybe", "RELAY_DATABASE_SSL: Value error, must be one of"),
+        ("DATABASE_SSL", "maybe", "RELAY_DATABASE_SSL: must be one of"),
         ("MAX_ATTEMPTS_PER_CHANNEL", "sms:4", "RELAY_MAX_ATTEMPTS_PER_CHANNEL"),
     ],
 )

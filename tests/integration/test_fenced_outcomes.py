@@ -26,6 +26,7 @@ async def _one_row(pool: asyncpg.Pool, key: str = "fence-1") -> int:
             key=key,
             channel="webhook",
             destination="http://127.0.0.1:9/hooks/x",
+            allow_networks=rs.LOOPBACK,
             payload={"text": "hi"},
         )
     assert delivery_id is not None

@@ -17,6 +17,16 @@ from tests.support.relay import RunningPartner
 pytestmark = pytest.mark.timeout(60)
 
 
+_EMAIL = {"subject": "s", "text": "t"}
+
+
+def _nested(depth: int) -> dict[str, object]:
+    payload: dict[str, object] = {}
+    for _ in range(depth):
+        payload = {"a": payload}
+    return payload
+
+
 async def _one(pool: asyncpg.Pool, sql: str, *args: object) -> asyncpg.Record:
     row = await pool.fetchrow(sql, *args)
     assert row is not None, sql
@@ -37,6 +47,7 @@ async def test_add_intent_outside_a_transaction_raises_and_writes_nothing(
                 key="order:1:paid:webhook",
                 channel="webhook",
                 destination=partner.url(),
+                allow_networks=rs.LOOPBACK,
                 payload={"order": 1},
             )
     assert await _count(pool) == 0
@@ -56,6 +67,7 @@ async def test_intent_in_a_rolled_back_transaction_leaves_nothing(
                     key="order:1:paid:webhook",
                     channel="webhook",
                     destination=partner.url(),
+                    allow_networks=rs.LOOPBACK,
                     payload={"order": 1},
                 )
                 assert new_id is not None
@@ -72,6 +84,7 @@ async def test_committed_intent_is_a_pending_outbox_row_with_its_own_destination
             key="order:1:paid:webhook",
             channel="webhook",
             destination=partner.url("orders"),
+            allow_networks=rs.LOOPBACK,
             payload={"order": 1, "event": "paid"},
             urgent=True,
         )
@@ -100,6 +113,7 @@ async def test_same_key_twice_adds_one_intent_and_the_first_one_stands(
                     key="order:1:paid:webhook",
                     channel="webhook",
                     destination=partner.url(),
+                    allow_networks=rs.LOOPBACK,
                     payload={"attempt": attempt},
                 )
             )
@@ -112,6 +126,7 @@ async def test_same_key_twice_adds_one_intent_and_the_first_one_stands(
                     key="order:1:paid:webhook",
                     channel="webhook",
                     destination=partner.url(),
+                    allow_networks=rs.LOOPBACK,
                     payload={"attempt": 3},
                 )
             )
@@ -123,16 +138,39 @@ async def test_same_key_twice_adds_one_intent_and_the_first_one_stands(
 @pytest.mark.parametrize(
     ("fields", "problem"),
     [
-        ({"channel": "fax"}, "channel must be one of"),
+        ({"channel": "fax"}, "channel: must be one of"),
         ({"destination": "ftp://partner.example/x"}, "scheme must be http or https"),
         ({"destination": "https://user:pw@partner.example/x"}, "userinfo"),
+        ({"destination": "http://10.1.2.3/hooks"}, "destination: ssrf: private address"),
+        ({"destination": "http://localhost:9/hooks"}, "destination: ssrf: loopback address"),
         ({"channel": "email", "destination": ""}, "non-empty"),
         ({"channel": "sms", "destination": "   "}, "non-empty"),
-        ({"key": ""}, "key must be"),
-        ({"key": "has space"}, "key must be"),
-        ({"key": "k" * 300}, "at most"),
-        ({"payload": ["not", "an", "object"]}, "must be a dict"),
-        ({"payload": {"when": object()}}, "JSON-serializable"),
+        (
+            {"channel": "email", "destination": "not-an-email-address", "payload": _EMAIL},
+            "destination: not a valid e-mail address",
+        ),
+        (
+            {"channel": "sms", "destination": "555-1234", "payload": {"body": "b"}},
+            "destination: not an E.164 phone number",
+        ),
+        ({"key": ""}, "key: must be a non-empty string"),
+        ({"key": "has space"}, "key: use 1 to 249 characters"),
+        ({"key": "café:1"}, "key: use 1 to 249 characters"),
+        ({"key": "k" * 250}, "key: use 1 to 249 characters"),
+        ({"provider": "a b"}, "provider: use 1 to 100 characters"),
+        ({"payload": ["not", "an", "object"]}, "payload: must be a JSON object"),
+        ({"payload": {"when": object()}}, r"payload.when: not a JSON value \(object\)"),
+        ({"payload": {"text": "a\x00b"}}, r"payload.text: contains a NUL character"),
+        ({"payload": _nested(100_000)}, "nested deeper than 32 levels"),
+        ({"payload": {"blob": "x" * (300 * 1024)}}, "too large .* for a webhook"),
+        (
+            {"channel": "email", "destination": "a@example.com", "payload": {"text": "t"}},
+            "'subject' is required for e-mail",
+        ),
+        (
+            {"channel": "sms", "destination": "+14155550123", "payload": {"body": "x" * 1601}},
+            "payload.body: too long",
+        ),
     ],
 )
 async def test_invalid_intent_is_refused_and_the_transaction_stays_usable(
@@ -195,6 +233,7 @@ async def test_committed_webhook_intent_is_relayed_by_publish_and_delivered_once
             key="order:7:paid:webhook",
             channel="webhook",
             destination=partner.url("orders"),
+            allow_networks=rs.LOOPBACK,
             payload={"order": 7},
         )
 
@@ -228,7 +267,8 @@ async def test_status_reports_outbox_intents_apart_from_runs(
 ) -> None:
     async with pool.acquire() as conn, conn.transaction():
         await outbox.add_intent(
-            conn, key="status-1", channel="webhook", destination=partner.url(), payload={"n": 1}
+            conn, key="status-1", channel="webhook", destination=partner.url(), payload={"n": 1},
+            allow_networks=rs.LOOPBACK,
         )
     report = await rs.relay(settings, "status", "--json")
     assert report.code == 0, report.stderr

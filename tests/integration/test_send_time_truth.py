@@ -255,7 +255,7 @@ async def test_destination_disabled_during_a_budget_wait_is_refused_without_a_re
         for i in range(4):
             await outbox.add_intent(
                 conn, key=f"intent-{i}", channel="webhook", destination=destination,
-                payload={"n": i},
+                payload={"n": i}, allow_networks=rs.LOOPBACK,
             )
     assert (await rs.relay(settings, "publish")).code == 0
     log = tmp_path / "consumer.log"

@@ -28,6 +28,8 @@ from service.ops import reminders
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
+# The networks tests send to (the partner endpoint on 127.0.0.1), as RELAY_ALLOW_NETWORKS.
+LOOPBACK = netpolicy.parse_networks("127.0.0.0/8")
 
 
 @dataclass
@@ -218,7 +220,7 @@ def line(
 
 
 async def load(pool: asyncpg.Pool, lines: list[str]) -> int:
-    return await reminders.load(pool, lines, netpolicy.parse_networks("127.0.0.0/8"))
+    return await reminders.load(pool, lines, LOOPBACK)
 
 
 async def states(pool: asyncpg.Pool) -> dict[str, int]:
