@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -59,6 +60,14 @@ async def test_a_delivery_admitted_ahead_is_sent_at_its_due_time_not_before_even
     for row in rows:
         assert row["started_at"] >= row["occurrence_at"], dict(row)
     assert partner.state.logical_events == 3 and partner.state.duplicates == 0
+    # The run's report says how late its deliveries were, from the ledger's own times.
+    status = await rs.relay(settings, "status", "--json")
+    assert status.code == 0, status.stderr
+    (run,) = json.loads(status.stdout)["runs"]
+    latest = max(r["finished_at"] - r["occurrence_at"] for r in await pool.fetch(
+        "SELECT finished_at, occurrence_at FROM deliveries"))  # fmt: skip
+    assert run["lateness_max_seconds"] == pytest.approx(latest.total_seconds())
+    assert 0 <= run["lateness_p50_seconds"] <= run["lateness_p95_seconds"] <= latest.total_seconds()
 
 
 async def test_a_cancel_after_admission_ahead_and_before_the_due_time_means_no_request(
@@ -85,9 +94,7 @@ async def test_two_publish_runs_with_overlapping_windows_admit_each_occurrence_o
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
     # Every minute, for 20 reminders: a 75 s look-ahead holds one or two occurrences each.
-    await rs.load(
-        pool, [rs.line(f"m{i}", partner.url(), cron="* * * * *") for i in range(20)]
-    )
+    await rs.load(pool, [rs.line(f"m{i}", partner.url(), cron="* * * * *") for i in range(20)])
     runs = await asyncio.gather(*(rs.relay(settings, "publish") for _ in range(2)))
     assert [r.code for r in runs] == [0, 0], [r.stderr for r in runs]
     again = await rs.relay(settings, "publish")  # a run one moment later: windows overlap
