@@ -209,6 +209,17 @@ class Budgets:
             state = self._providers.setdefault(provider, _ProviderState(self._specs.get(provider)))
         return state
 
+    def at_hand(self, provider: str) -> bool:
+        """Would ``acquire`` return at once (a leased token here, nobody ahead)?"""
+        state = self._providers.get(provider)
+        return (
+            state is not None
+            and state.tokens > 0
+            and self._now() <= state.tokens_deadline
+            and not state.waiting()
+            and (state.ceiling is None or state.ceiling.has_capacity())
+        )
+
     async def acquire(
         self, provider: str, *, urgent: bool, max_wait_seconds: float
     ) -> float | None:

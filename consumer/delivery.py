@@ -203,6 +203,10 @@ class Deliverer:
             assert decision.delay_seconds is not None
             self._metrics.retries_scheduled.add(1, labels)
             return Redelay(amqp.lane_of(row.urgent), decision.delay_seconds)
+        if decision.action is Action.DELIVERED:
+            late = (self._clock.now() - row.occurrence_at).total_seconds()
+            lane = amqp.lane_of(row.urgent)
+            self._metrics.lateness.record(max(late, 0.0), {"channel": row.channel, "lane": lane})
         if decision.action is Action.DEAD:
             self._metrics.dead_letters.add(1, {"reason": decision.reason or "dead", **labels})
             return DeadLetter(

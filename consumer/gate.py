@@ -101,7 +101,10 @@ class Gate:
             if not isinstance(got, float):
                 return got
             budget_deadline = got
-        admission = await _unless(no_new_requests, self._guard.take_slot(key))
+        # Usually a slot is free: take it without a task or a wait.
+        admission: isolation.Admission | Stopped = self._guard.try_take_slot(key)
+        if isinstance(admission, isolation.Admission) and not admission.admitted:
+            admission = await _unless(no_new_requests, self._guard.take_slot(key))
         if isinstance(admission, Stopped):
             return admission
         if not admission.admitted:
@@ -124,12 +127,13 @@ class Gate:
         """Wait for a rate-budget token: its spend deadline, or why not."""
         assert self._budgets is not None
         started = self._now()
-        got = await _unless(
-            no_new_requests,
-            self._budgets.acquire(
-                row.provider, urgent=row.urgent, max_wait_seconds=self._budget_max_wait
-            ),
+        acquiring = self._budgets.acquire(
+            row.provider, urgent=row.urgent, max_wait_seconds=self._budget_max_wait
         )
+        if self._budgets.at_hand(row.provider):
+            got: float | Stopped | None = await acquiring  # a token is here: no wait
+        else:
+            got = await _unless(no_new_requests, acquiring)
         waited = self._now() - started
         if waited > 0.001:  # recorded when a send actually waited for budget
             labels = {"channel": row.channel, "provider": row.provider}

@@ -43,6 +43,8 @@ log = logs.get("consumer")
 
 # Time kept at the end of the grace period to give claims back and close.
 _GIVE_BACK_SECONDS = 2.0
+# A message this early for its row is held until due instead of parked in a delay tier.
+_EARLY_WAIT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,13 @@ class Worker:
             return GiveBack(lane)  # not started: hand it back untouched
         claimed_at = self._now()  # before the claim: the lease ends no earlier
         result = await self._store.claim(decoded.delivery_id)
+        if isinstance(result, Unclaimable) and 0 < result.early_seconds <= _EARLY_WAIT_SECONDS:
+            # Arrived a moment before its due time (clocks differ a little): hold it and
+            # claim it when due, rather than park it for a whole delay tier.
+            if not await self._wait_unless_stopping(result.early_seconds):
+                return GiveBack(lane)
+            claimed_at = self._now()
+            result = await self._store.claim(decoded.delivery_id)
         if result is None:
             return self._poison("unknown delivery id", decoded.delivery_id)
         if isinstance(result, Unclaimable):
@@ -264,6 +273,15 @@ class Worker:
         return await self._deliverer.deliver(
             result, claimed_at=claimed_at, no_new_requests=self._no_new_requests
         )
+
+    async def _wait_unless_stopping(self, seconds: float) -> bool:
+        """Sleep ``seconds``; False if shutdown began meanwhile."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+        except TimeoutError:
+            return True
+        return False
 
     def _poison(self, reason: str, delivery_id: int | None = None) -> Disposition:
         label = {"reason": reason.split(":")[0]}
@@ -298,10 +316,12 @@ class Worker:
                 extra={"event": "duplicate", "delivery_id": row.id, "state": row.state.value},
             )
             return Ack()
-        # Held by a live claim (sending) or waiting for its retry time (retrying): park
-        # the message until then rather than drop it, so a lost retry message is moot.
+        # Held by a live claim (sending), waiting for its retry time (retrying) or not due
+        # yet: park the message until then rather than drop it, so a lost retry message
+        # is moot and an early one is never sent before its time.
         until = row.lease_expires_at if row.state is State.SENDING else row.next_attempt_at
         remaining = max((until - row.now).total_seconds(), 0.0) if until else 0.0
+        remaining = max(remaining, row.early_seconds)
         self._metrics.redelays.add(1, {"state": row.state.value})
         log.info(
             "message parked until its row is due",

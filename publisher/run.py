@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
+from aio_pika.abc import AbstractConnection
 from opentelemetry import trace
 
 from service import admission, amqp, db, errors, ledger, logs, runs, schedule, telemetry
@@ -69,7 +70,9 @@ class RunResult:
 def plan_batch(
     rows: Sequence[asyncpg.Record], now: datetime, settings: Settings
 ) -> tuple[list[NewDelivery], list[tuple[str, datetime | None]]]:
-    """Owed occurrences (sent or skipped) and the new next_due_at of each reminder."""
+    """Owed occurrences (sent or skipped), those falling due within the look-ahead
+    included, and the new next_due_at of each reminder."""
+    horizon = now + timedelta(seconds=settings.publish_lookahead_seconds)
     deliveries: list[NewDelivery] = []
     advances: list[tuple[str, datetime | None]] = []
     for row in rows:
@@ -81,6 +84,7 @@ def plan_batch(
                 row["missed_policy"],
                 timedelta(seconds=settings.misfire_grace_seconds),
                 settings.catch_up_limit,
+                horizon=horizon,
             )
         except schedule.ScheduleError as exc:
             # A schedule that cannot be computed must not block the scan: stop it, loudly.
@@ -201,10 +205,12 @@ class PublishRun:
             if publishing is not None:
                 await publishing
 
-    async def _admit_batch(self, now: datetime) -> list[tuple[int, bool]] | None:
+    async def _admit_batch(self, now: datetime) -> list[tuple[int, bool, datetime]] | None:
         """Admit one batch in one transaction; its new pending rows, or None if none due."""
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await admission.lock_due_reminders(conn, now, self._settings.publish_batch_size)
+            horizon = now + timedelta(seconds=self._settings.publish_lookahead_seconds)
+            limit = self._settings.publish_batch_size
+            rows = await admission.lock_due_reminders(conn, horizon, limit)
             if not rows:
                 return None
             new, advances = plan_batch(rows, now, self._settings)
@@ -212,10 +218,10 @@ class PublishRun:
             await admission.advance_reminders(conn, advances)
         self.counts.due += len(new)
         self.counts.created += len(inserted)
-        self.counts.skipped += sum(1 for _, _, state in inserted if state is State.SKIPPED)
+        self.counts.skipped += sum(1 for row in inserted if row.state is State.SKIPPED)
         self._metrics.run_due.add(len(new))
         self._metrics.run_created.add(len(inserted))
-        return [(i, urgent) for i, urgent, state in inserted if state is State.PENDING]
+        return [(r.id, r.urgent, r.occurrence_at) for r in inserted if r.state is State.PENDING]
 
     async def _sweep_pending(self) -> None:
         after_id = 0
@@ -266,13 +272,20 @@ class PublishRun:
             },
         )
 
-    async def _publish(self, items: list[tuple[int, bool]]) -> None:
+    async def _publish(self, items: list[tuple[int, bool, datetime]]) -> None:
+        """Publish rows so each reaches its lane when it falls due (those admitted ahead
+        through the timer queue), in due order, and mark confirmed ones queued."""
         if not items:
             return
         if self._publisher is None:
             self.counts.failed += len(items)
             return
-        confirmed, failed = await self._publisher.publish_many(items, self._headers)
+        now = self._clock.now()
+        due = sorted(
+            ((i, urgent, (at - now).total_seconds()) for i, urgent, at in items),
+            key=lambda item: item[2],
+        )
+        confirmed, failed = await self._publisher.publish_many(due, self._headers)
         await ledger.mark_queued(self._pool, confirmed)
         self.counts.published += len(confirmed)
         self.counts.failed += len(failed)
@@ -316,6 +329,26 @@ class PublishRun:
             log.error("could not record the run's end", extra={"event": "run_record_failed"})
 
 
+async def _waiting_messages(
+    connection: AbstractConnection, topology: amqp.Topology, timeout_seconds: float
+) -> int:
+    """Messages ready in the lanes, the timer and the delay tiers now (not those held by
+    consumers): what rescue compares the rows owed against."""
+    async with asyncio.timeout(timeout_seconds):
+        channel = await connection.channel()
+        try:
+            total = 0
+            names = [topology.lane_queue(lane) for lane in (amqp.BULK, amqp.URGENT)]
+            names += [topology.timer_queue]
+            names += [topology.delay_queue(t) for t in topology.delay_tiers_seconds]
+            for name in names:
+                queue = await channel.declare_queue(name, passive=True)
+                total += queue.declaration_result.message_count or 0
+            return total
+        finally:
+            await channel.close()
+
+
 async def run(
     settings: Settings,
     *,
@@ -344,7 +377,7 @@ async def run(
             stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
             topology = amqp.Topology.from_settings(settings)
             count_waiting = functools.partial(
-                amqp.waiting_messages, connection, topology, settings.amqp_timeout_seconds
+                _waiting_messages, connection, topology, settings.amqp_timeout_seconds
             )
         return await PublishRun(
             settings=settings,

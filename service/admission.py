@@ -59,10 +59,20 @@ class NewDelivery:
     skip_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class Inserted:
+    """A delivery row an admission created."""
+
+    id: int
+    urgent: bool
+    state: State
+    occurrence_at: datetime
+
+
 async def insert_deliveries(
     conn: Connection, rows: Sequence[NewDelivery], run_id: int
-) -> list[tuple[int, bool, State]]:
-    """Insert owed occurrences; existing keys insert nothing. Returns (id, urgent, state)."""
+) -> list[Inserted]:
+    """Insert owed occurrences; existing keys insert nothing."""
     if not rows:
         return []
     result = await conn.fetch(
@@ -76,4 +86,4 @@ async def insert_deliveries(
         [r.skip_reason for r in rows],
         run_id,
     )
-    return [(r["id"], r["urgent"], State(r["state"])) for r in result]
+    return [Inserted(r["id"], r["urgent"], State(r["state"]), r["occurrence_at"]) for r in result]

@@ -8,6 +8,11 @@ Topology, all durable, names prefixed by the namespace (default ``relay``):
 - ``<ns>.delay`` (headers) routes by header ``x-relay-tier`` to one quorum queue per
   delay tier, ``<ns>.delay.<ms>ms``, whose TTL dead-letters back to ``<ns>.work`` with the
   message's own routing key, i.e. back to its lane. No broker plugin is needed.
+- ``<ns>.timer`` (direct) -> ``<ns>.timer`` (a classic queue): a delivery admitted before
+  it is due waits there with a per-message expiration and dead-letters to ``<ns>.work``
+  with its lane's routing key at its due time. Classic, not quorum: a classic queue
+  expires its head to the millisecond, a quorum queue only about once a second. Messages
+  are published in due order, so the head is always the next one due.
 - ``<ns>.dlx`` (fanout) -> ``<ns>.dead-letters``, read by ``relay replay``.
 
 Every publish is persistent, ``mandatory`` and confirmed: an unroutable message is an
@@ -30,6 +35,8 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from service import errors, messages, servers
 from service.settings import Settings
 
+# A delivery due sooner than this goes straight to its lane.
+_DUE_NOW_SECONDS = 0.005
 BULK = "bulk"
 URGENT = "urgent"
 # Not "x-" prefixed: a headers exchange ignores x- headers when matching.
@@ -64,6 +71,14 @@ class Topology:
         return f"{self.namespace}.delay"
 
     @property
+    def timer_exchange(self) -> str:
+        return f"{self.namespace}.timer"
+
+    @property
+    def timer_queue(self) -> str:
+        return f"{self.namespace}.timer"
+
+    @property
     def dead_exchange(self) -> str:
         return f"{self.namespace}.dlx"
 
@@ -91,6 +106,7 @@ class Topology:
             self.lane_queue(BULK),
             self.lane_queue(URGENT),
             self.dead_queue,
+            self.timer_queue,
             *(self.delay_queue(t) for t in self.delay_tiers_seconds),
         ]
 
@@ -200,6 +216,16 @@ async def declare(channel: AbstractChannel, topology: Topology) -> None:
         topology.dead_queue, durable=True, arguments={"x-queue-type": "quorum"}
     )
     await dead.bind(dlx)
+    timer_exchange = await channel.declare_exchange(
+        topology.timer_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+    )
+    timer = await channel.declare_queue(
+        topology.timer_queue,
+        durable=True,
+        arguments={"x-queue-type": "classic", "x-dead-letter-exchange": topology.work_exchange},
+    )
+    for lane in (BULK, URGENT):
+        await timer.bind(timer_exchange, routing_key=lane)
     for tier in topology.delay_tiers_seconds:
         tier_queue = await channel.declare_queue(
             topology.delay_queue(tier),
@@ -251,7 +277,12 @@ class ConfirmedPublisher:
         return self._exchanges[name]
 
     async def _publish(
-        self, exchange_name: str, routing_key: str, body: bytes, headers: Mapping[str, Any]
+        self,
+        exchange_name: str,
+        routing_key: str,
+        body: bytes,
+        headers: Mapping[str, Any],
+        expiration_seconds: float | None = None,
     ) -> None:
         exchange = await self._exchange(exchange_name)
         message = aio_pika.Message(
@@ -259,6 +290,7 @@ class ConfirmedPublisher:
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             headers=dict(headers),
+            expiration=expiration_seconds,
         )
         async with self._in_flight:
             try:
@@ -277,17 +309,41 @@ class ConfirmedPublisher:
             headers or {},
         )
 
+    async def publish_due(
+        self, delivery_id: int, *, urgent: bool, due_in_seconds: float, headers: Mapping[str, Any]
+    ) -> None:
+        """Publish one delivery so that it reaches its lane when it falls due: at once if
+        it is due, else through the timer queue. Callers publish in due order."""
+        if due_in_seconds <= _DUE_NOW_SECONDS:
+            await self.publish_delivery(delivery_id, urgent=urgent, headers=headers)
+            return
+        await self._publish(
+            self._topology.timer_exchange,
+            lane_of(urgent),
+            messages.encode(delivery_id),
+            headers,
+            expiration_seconds=due_in_seconds,
+        )
+
     async def publish_many(
-        self, items: Iterable[tuple[int, bool]], headers: Mapping[str, Any] | None = None
+        self,
+        items: Iterable[tuple[int, bool]] | Iterable[tuple[int, bool, float]],
+        headers: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], list[int]]:
-        """Publish (delivery_id, urgent) pairs pipelined; return (confirmed, failed) ids."""
+        """Publish (delivery_id, urgent[, seconds until due]) pipelined, in the given
+        order; return (confirmed, failed) ids. Items not due yet go through the timer."""
         ids: list[int] = []
         tasks: list[asyncio.Task[None]] = []
-        for delivery_id, urgent in items:
+        for delivery_id, urgent, *due in items:
             ids.append(delivery_id)
             tasks.append(
                 asyncio.ensure_future(
-                    self.publish_delivery(delivery_id, urgent=urgent, headers=headers)
+                    self.publish_due(
+                        delivery_id,
+                        urgent=urgent,
+                        due_in_seconds=due[0] if due else 0.0,
+                        headers=headers or {},
+                    )
                 )
             )
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -367,27 +423,15 @@ async def close_connection(connection: AbstractConnection, timeout_seconds: floa
         pass
 
 
-async def waiting_messages(
-    connection: AbstractConnection, topology: Topology, timeout_seconds: float
-) -> int:
-    """Messages ready in the lanes and delay tiers now (not those held by consumers)."""
-    async with asyncio.timeout(timeout_seconds):
-        channel = await connection.channel()
-        try:
-            total = 0
-            names = [topology.lane_queue(lane) for lane in (BULK, URGENT)]
-            names += [topology.delay_queue(t) for t in topology.delay_tiers_seconds]
-            for name in names:
-                queue = await channel.declare_queue(name, passive=True)
-                total += queue.declaration_result.message_count or 0
-            return total
-        finally:
-            await channel.close()
-
-
 async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:
     """Remove every queue and exchange of a namespace (demo reset, test teardown)."""
     for queue in topology.all_queues():
         await channel.queue_delete(queue)
-    for exchange in (topology.work_exchange, topology.delay_exchange, topology.dead_exchange):
+    exchanges = (
+        topology.work_exchange,
+        topology.delay_exchange,
+        topology.dead_exchange,
+        topology.timer_exchange,
+    )
+    for exchange in exchanges:
         await channel.exchange_delete(exchange)

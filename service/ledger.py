@@ -107,6 +107,8 @@ class Unclaimable:
     last_error: str | None = None
     # 'dead', but its dead letter was never confirmed (the consumer died in between).
     dead_letter_missing: bool = False
+    # 'pending'/'queued' and not due yet: how long until it is (database clock).
+    early_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ async def claim(
                 last_status=r["last_status"],
                 last_error=r["last_error"],
                 dead_letter_missing=r["dead_letter_missing"],
+                early_seconds=r["early_seconds"],
             )
     return claimed, others
 
@@ -301,10 +304,12 @@ async def mark_queued(executor: Executor, ids: Sequence[int]) -> None:
         await _retry_on_conflict(lambda: executor.execute(q("mark_queued"), list(ids)))
 
 
-async def select_pending(executor: Executor, after_id: int, limit: int) -> list[tuple[int, bool]]:
-    """A page of pending rows (id, urgent) after ``after_id``."""
+async def select_pending(
+    executor: Executor, after_id: int, limit: int
+) -> list[tuple[int, bool, datetime]]:
+    """A page of pending rows (id, urgent, occurrence_at) after ``after_id``."""
     rows = await executor.fetch(q("select_pending"), after_id, limit)
-    return [(r["id"], r["urgent"]) for r in rows]
+    return [(r["id"], r["urgent"], r["occurrence_at"]) for r in rows]
 
 
 async def select_rescue(

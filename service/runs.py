@@ -45,6 +45,10 @@ class RunReport:
     states: dict[str, int] = field(default_factory=dict)  # ledger state -> rows of this run
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
     oldest_pending_seconds: float | None = None
+    # From due to accepted, over the run's delivered rows (None until one is delivered).
+    lateness_p50_seconds: float | None = None
+    lateness_p95_seconds: float | None = None
+    lateness_max_seconds: float | None = None
 
     @property
     def delivered(self) -> int:
@@ -134,6 +138,11 @@ async def reports(
     """
     found = await _recent(executor, run_id, count, kind, nonempty)
     await _count_states(executor, found, now)
+    for row in await executor.fetch(db.q("run_lateness"), list(found)):
+        report = found[row["run_id"]]
+        report.lateness_p50_seconds = row["p50"]
+        report.lateness_p95_seconds = row["p95"]
+        report.lateness_max_seconds = row["max"]
     return list(found.values())
 
 

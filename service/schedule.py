@@ -34,25 +34,6 @@ from croniter import (  # type: ignore[import-untyped,unused-ignore]
 
 from service import recurrence
 
-__all__ = [
-    "MAX_OWED_LISTED",
-    "SKIP_CATCH_UP_LIMIT",
-    "SKIP_MISSED",
-    "SKIP_TRUNCATED",
-    "MissedPolicy",
-    "Plan",
-    "Schedule",
-    "ScheduleError",
-    "ScheduleKind",
-    "first_occurrence",
-    "from_row",
-    "next_occurrence_after",
-    "occurrences",
-    "parse_daily_at",
-    "plan_due",
-    "validate",
-]
-
 ScheduleKind = Literal["once", "daily", "cron"]
 MissedPolicy = Literal["catch_up", "latest", "skip"]
 
@@ -315,8 +296,12 @@ def plan_due(
     policy: MissedPolicy,
     misfire_grace: timedelta,
     catch_up_limit: int,
+    *,
+    horizon: datetime | None = None,
 ) -> Plan:
-    """Decide what to send for a reminder whose stored ``next_due_at`` has been reached.
+    """Decide what to send for a reminder whose stored ``next_due_at`` has been reached
+    (or will be by ``horizon``, a look-ahead: occurrences in ``(now, horizon]`` are owed
+    too, always on time, and are sent at their due time).
 
     Owed occurrences are those in ``[next_due_at, now]``. One is *on time* if
     ``now - occ <= misfire_grace`` and *missed* otherwise. Policies:
@@ -330,23 +315,30 @@ def plan_due(
     :data:`MAX_OWED_LISTED` are listed one by one: if there are more, the older ones
     are represented by a single ``(oldest owed occurrence, "truncated")`` entry at the
     start of ``skipped``. ``next_due_at`` of the result is the first occurrence strictly
-    after ``now``. Called early (stored ``next_due_at > now``), nothing is owed and the
-    stored value is returned unchanged.
+    after the horizon (``now`` without one). Called early (stored ``next_due_at`` after
+    the horizon), nothing is owed and the stored value is returned unchanged.
     """
     validate(schedule)
     stored = _require_aware("next_due_at", next_due_at)
     now = _require_aware("now", now)
+    until = max(_require_aware("horizon", horizon), now) if horizon is not None else now
     _check_missed_policy(policy, misfire_grace, catch_up_limit)
-    if stored > now:
+    if stored > until:
         return Plan(send=[], skipped=[], next_due_at=stored)
 
-    owed, truncated = _owed(schedule, stored, now)
-    send, skipped = _apply_policy(owed, now, policy, misfire_grace, catch_up_limit)
+    owed, truncated = _owed(schedule, stored, until)
+    # The missed-fire policy judges what is already due; what falls due within the
+    # look-ahead is on time by definition.
+    upcoming = [occ for occ in owed if occ > now]
+    send, skipped = _apply_policy(
+        owed[: len(owed) - len(upcoming)], now, policy, misfire_grace, catch_up_limit
+    )
+    send += upcoming
     if truncated:
         oldest = _first(_iter_after(schedule, stored - _ONE_US))
         assert oldest is not None and (not owed or oldest < owed[0])
         skipped.insert(0, (oldest, SKIP_TRUNCATED))
-    return Plan(send=send, skipped=skipped, next_due_at=_first(_iter_after(schedule, now)))
+    return Plan(send=send, skipped=skipped, next_due_at=_first(_iter_after(schedule, until)))
 
 
 def _check_missed_policy(policy: object, misfire_grace: object, catch_up_limit: object) -> None:

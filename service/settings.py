@@ -155,6 +155,14 @@ class Settings(BaseSettings):
     publish_confirm_timeout_seconds: float = Field(
         default=15.0, gt=0, description="How long to wait for one publisher confirm (s)."
     )
+    publish_lookahead_seconds: float = Field(
+        default=75.0,
+        ge=0,
+        le=3600,
+        description="A publish run also admits occurrences due this far ahead and hands "
+        "them to the broker's timer queue, so each becomes deliverable at its due time "
+        "(s). Sized for a minutely CronJob plus its start-up; 0: admit only what is due.",
+    )
     misfire_grace_seconds: float = Field(
         default=300.0,
         ge=0,

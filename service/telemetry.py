@@ -31,6 +31,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 # Seconds: from a fast local receiver (ms) to a provider at its timeout (10 s+).
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Seconds from due to accepted: on time is well under a second, a retry takes minutes.
+_LATENESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _LAG_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
 
 
@@ -54,6 +56,7 @@ class Metrics:
     # Delivery: recorded by the consumer.
     attempts: Counter
     send_duration: Histogram
+    lateness: Histogram
     budget_wait: Histogram
     throttles: Counter
     deferrals: Counter
@@ -90,6 +93,7 @@ class Metrics:
 class _DeliveryInstruments(TypedDict):
     attempts: Counter
     send_duration: Histogram
+    lateness: Histogram
     budget_wait: Histogram
     throttles: Counter
     deferrals: Counter
@@ -118,6 +122,12 @@ def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
         ),
         send_duration=_seconds_histogram(
             meter, "relay.delivery.send.duration", "Time of one provider request", _LATENCY_BUCKETS
+        ),
+        lateness=_seconds_histogram(
+            meter,
+            "relay.delivery.lateness",
+            "From an occurrence's due time to the receiver accepting it, by channel and lane",
+            _LATENESS_BUCKETS,
         ),
         budget_wait=_seconds_histogram(
             meter,

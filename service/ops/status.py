@@ -67,6 +67,11 @@ def render_table(reports: list[runs.RunReport], totals: dict[str, Any]) -> str:
             lines.append(f"{'':>5} skipped by reason: {reasons}")
         if r.oldest_pending_seconds is not None:
             lines.append(f"{'':>5} oldest pending: {r.oldest_pending_seconds:.0f} s")
+        if r.lateness_max_seconds is not None:
+            lines.append(
+                f"{'':>5} lateness (due -> accepted): p50 {r.lateness_p50_seconds:.2f} s, "
+                f"p95 {r.lateness_p95_seconds:.2f} s, max {r.lateness_max_seconds:.2f} s"
+            )
     states = totals["states"]
     summary = ", ".join(f"{k}={states[k]}" for k in sorted(states)) or "no deliveries"
     lines.append("")

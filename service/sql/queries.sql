@@ -144,7 +144,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $
             $7::text[])
      AS t(key, reminder_id, channel, provider, occurrence_at, urgent, skip_reason)
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING id, urgent, state;
+RETURNING id, urgent, state, occurrence_at;
 
 -- name: insert_outbox_intent
 -- The outbox API: runs inside the caller's own transaction.
@@ -156,7 +156,7 @@ RETURNING id;
 
 -- name: select_pending
 -- Keyset pagination keeps each page small and the run's memory flat.
-SELECT id, urgent FROM deliveries
+SELECT id, urgent, occurrence_at FROM deliveries
 WHERE state = 'pending' AND id > $1
 ORDER BY id
 LIMIT $2;
@@ -177,13 +177,14 @@ WHERE d.id = locked.id AND d.state = 'pending';
 
 -- name: claim
 -- Claim rows for sending: attempts + 1 and a lease. A 'sending' row whose lease expired
--- was held by a consumer that died; its unknown attempt is recorded as 'lost'. Returns
--- what the send needs and the facts the pre-send checks read (with the database's clock).
+-- was held by a consumer that died; its unknown attempt is recorded as 'lost'. A row is
+-- never claimed before its occurrence is due. Returns what the send needs and the facts
+-- the pre-send checks read (with the database's clock).
 WITH target AS (
     SELECT id, state AS prior_state
     FROM deliveries
     WHERE id = ANY($1::bigint[])
-      AND (state IN ('pending', 'queued')
+      AND ((state IN ('pending', 'queued') AND occurrence_at <= now())
            OR (state = 'retrying' AND next_attempt_at <= now())
            OR (state = 'sending' AND lease_expires_at <= now()))
     ORDER BY id
@@ -225,7 +226,10 @@ FROM claimed AS c LEFT JOIN reminders AS r ON r.id = c.reminder_id;
 -- Why the rows a claim did not take were not claimable, with the database's clock.
 SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now,
        attempts, last_status, last_error,
-       (state = 'dead' AND dead_lettered_at IS NULL) AS dead_letter_missing
+       (state = 'dead' AND dead_lettered_at IS NULL) AS dead_letter_missing,
+       CASE WHEN state IN ('pending', 'queued')
+            THEN greatest(0, extract(epoch FROM occurrence_at - now()))::float8
+            ELSE 0 END AS early_seconds
 FROM deliveries
 WHERE id = ANY($1::bigint[]);
 
@@ -326,7 +330,8 @@ RETURNING id;
 -- interval is left alone, so one run's republish is not repeated by the next.
 SELECT id, urgent FROM (
     SELECT id, urgent, rescued_at,
-           CASE state WHEN 'queued' THEN published_at + make_interval(secs => $1)
+           CASE state WHEN 'queued' THEN greatest(published_at, occurrence_at)
+                                         + make_interval(secs => $1)
                       WHEN 'retrying' THEN next_attempt_at + make_interval(secs => $1)
                       ELSE lease_expires_at END AS rescue_due_at
     FROM deliveries
@@ -375,6 +380,18 @@ SELECT run_id, state::text AS state, coalesce(skip_reason, '') AS skip_reason, c
 FROM deliveries
 WHERE run_id = ANY($1::bigint[])
 GROUP BY run_id, state, skip_reason;
+
+-- name: run_lateness
+-- How late each run's deliveries were: from the occurrence's due time to the receiver's
+-- acceptance (the outcome written), over the delivered rows.
+SELECT run_id,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY late)::float8 AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY late)::float8 AS p95,
+       max(late)::float8 AS max
+FROM (SELECT run_id, extract(epoch FROM finished_at - occurrence_at) AS late
+      FROM deliveries
+      WHERE run_id = ANY($1::bigint[]) AND state = 'delivered') AS d
+GROUP BY run_id;
 
 -- name: overall_state_counts
 SELECT state::text AS state, count(*) AS n FROM deliveries GROUP BY state;

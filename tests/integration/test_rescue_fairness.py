@@ -39,11 +39,13 @@ async def _intent(pool: asyncpg.Pool, key: str) -> int:
 
 
 # How long ago a row's message was due to arrive (negative: not yet) is set through the
-# column rescue reads for its state: queued -> published_at + R; retrying ->
+# column rescue reads for its state: queued -> published_at (or its occurrence, when that
+# is later: a row admitted ahead of its time) + R; retrying ->
 # next_attempt_at + R; sending -> lease_expires_at (R: the rescue interval).
 _SET = {
     "queued": "UPDATE deliveries SET state = 'queued', "
-    "published_at = now() - make_interval(secs => $2) WHERE id = $1",
+    "published_at = now() - make_interval(secs => $2), "
+    "occurrence_at = now() - make_interval(secs => $2) WHERE id = $1",
     "retrying": "UPDATE deliveries SET state = 'retrying', attempts = 1, "
     "next_attempt_at = now() - make_interval(secs => $2) WHERE id = $1",
     "sending": "UPDATE deliveries SET state = 'sending', attempts = 1, published_at = now(), "

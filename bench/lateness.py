@@ -1,0 +1,168 @@
+"""Lateness benchmark: how late does a reminder arrive, with a minutely CronJob?
+
+Per run (fresh database and broker namespace, one ``relay consume``, the lean receiver):
+
+1. load 60,000 one-shot reminders due evenly over 60 s (1,000/s, the *steady* part) and
+   20,000 more all due at one instant 30 s after them (the *spike*);
+2. run ``relay publish`` every 60 s as a CronJob would, each start delayed by a random
+   0-5 s, with the default look-ahead (``RELAY_PUBLISH_LOOKAHEAD_SECONDS``): a run admits
+   what falls due before the next run can, and each delivery reaches its lane at its due
+   time through the broker's timer queue;
+3. when every row is delivered, read lateness from the ledger: the receiver's acceptance
+   (``finished_at``) minus the occurrence's due time, per part.
+
+Reported: p50/p95/p99/max lateness of the steady part; for the spike, its last delivery
+after the due instant against ``spike size / drain rate + 2 s`` (the drain rate measured
+on the spike itself, between 10 % and 90 % delivered).
+
+    .venv/bin/python bench/lateness.py
+    .venv/bin/python bench/lateness.py --steady 6000 --spike 2000   # a quick look
+
+Targets (issue 17): steady p99 <= 2 s and p50 <= 0.5 s; spike last <= size / rate + 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import asyncpg
+from _common import RELAY, BenchEnv, bench_env, check, free_port, load_average, run_measured
+from drain import _spawn, _stop, _wait_port
+
+STEADY_SECONDS = 60.0
+SPIKE_AFTER_SECONDS = 30.0  # after the steady part ends
+LEAD_SECONDS = 25.0  # from the first run's start to the first due time
+
+
+def _write(path: Path, destination: str, steady: int, spike: int, first_due: datetime) -> None:
+    spike_due = first_due + timedelta(seconds=STEADY_SECONDS + SPIKE_AFTER_SECONDS)
+    with open(path, "w") as f:
+        for i in range(steady + spike):
+            due = (
+                first_due + timedelta(seconds=STEADY_SECONDS * i / steady)
+                if i < steady
+                else spike_due
+            )
+            line = {
+                "id": f"{'steady' if i < steady else 'spike'}-{i:06d}",
+                "channel": "webhook",
+                "destination": destination,
+                "payload": {"n": i},
+                "due_at": due.isoformat(),
+            }
+            f.write(json.dumps(line) + "\n")
+
+
+def _percentile(values: list[float], share: float) -> float:
+    return values[min(len(values) - 1, int(len(values) * share))]
+
+
+async def _cron(env: BenchEnv, stop: asyncio.Event, rng: random.Random) -> list[str]:
+    """``relay publish`` every 60 s from now, each start 0-5 s late, until ``stop``."""
+    runs: list[str] = []
+    tick = time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(max(0.0, tick - time.monotonic()) + rng.uniform(0, 5))
+        result = await asyncio.to_thread(
+            run_measured, [*RELAY, "publish"], env.env(), env.scratch, f"publish{len(runs)}"
+        )
+        check(result, "relay publish")
+        runs.append(f"{result.stdout.strip()} ({result.wall_seconds:.1f} s)")
+        tick += 60.0
+        try:
+            await asyncio.wait_for(stop.wait(), max(0.0, tick - time.monotonic()))
+        except TimeoutError:
+            pass
+    return runs
+
+
+async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
+    rows = await pool.fetch(
+        "SELECT reminder_id, extract(epoch FROM finished_at - occurrence_at)::float8 AS late,"
+        " finished_at FROM deliveries WHERE state = 'delivered'"
+    )
+    steady_late = sorted(r["late"] for r in rows if r["reminder_id"].startswith("steady"))
+    spike_rows = [r for r in rows if r["reminder_id"].startswith("spike")]
+    spike_rows.sort(key=lambda r: r["finished_at"])
+    if steady_late:
+        p50, p95 = _percentile(steady_late, 0.5), _percentile(steady_late, 0.95)
+        p99 = _percentile(steady_late, 0.99)
+        verdict = "met" if p50 <= 0.5 and p99 <= 2.0 else "MISSED"
+        print(
+            f"steady ({len(steady_late)} of {steady}): p50 {p50:.3f} s, p95 {p95:.3f} s, "
+            f"p99 {p99:.3f} s, max {steady_late[-1]:.3f} s (p50 <= 0.5, p99 <= 2: {verdict})"
+        )
+    if spike_rows:
+        a, b = spike_rows[len(spike_rows) // 10], spike_rows[len(spike_rows) * 9 // 10]
+        span = max((b["finished_at"] - a["finished_at"]).total_seconds(), 1e-6)
+        rate = len(spike_rows) * 0.8 / span
+        last, bound = spike_rows[-1]["late"], spike / rate + 2.0
+        verdict = "met" if last <= bound else "MISSED"
+        print(
+            f"spike ({len(spike_rows)} of {spike}): last delivery {last:.2f} s after due; "
+            f"drain rate {rate:.0f}/s, size / rate + 2 = {bound:.2f} s ({verdict}); "
+            f"median {spike_rows[len(spike_rows) // 2]['late']:.2f} s"
+        )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steady", type=int, default=60_000)
+    parser.add_argument("--spike", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep-logs", action="store_true")
+    args = parser.parse_args()
+    print(f"lateness: {args.steady} steady over 60 s + {args.spike} at once; load {load_average()}")
+    async with bench_env("lateness", keep_scratch=args.keep_logs) as env:
+        port = free_port()
+        receiver = [sys.executable, str(Path(__file__).with_name("receiver.py"))]
+        partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")
+        consumer: subprocess.Popen[bytes] | None = None
+        stop = asyncio.Event()
+        try:
+            await _wait_port(port, partner)
+            path = env.scratch / "reminders.jsonl"
+            # Due times leave room for loading the file first (~10 s for 80,000 lines).
+            first_due = datetime.now(UTC) + timedelta(seconds=LEAD_SECONDS + 20)
+            _write(path, f"http://127.0.0.1:{port}/hooks/bench", args.steady, args.spike, first_due)
+            load = [*RELAY, "reminders", "load", str(path)]
+            loaded = run_measured(load, env.env(), env.scratch, "load")
+            check(loaded, "relay reminders load")
+            lead = (first_due - datetime.now(UTC)).total_seconds()
+            print(f"   loaded in {loaded.wall_seconds:.1f} s; first due in {lead:.1f} s")
+            consumer = _spawn([*RELAY, "consume"], env.env(), env.scratch / "consumer.log")
+            cron = asyncio.create_task(_cron(env, stop, random.Random(args.seed)))
+            pool = await asyncpg.create_pool(env.database_url, min_size=1, max_size=2)
+            total = args.steady + args.spike
+            deadline = time.monotonic() + STEADY_SECONDS + SPIKE_AFTER_SECONDS + 240
+            while time.monotonic() < deadline:
+                done = await pool.fetchval(
+                    "SELECT count(*) FROM deliveries WHERE state = 'delivered'"
+                )
+                if done == total:
+                    break
+                await asyncio.sleep(1.0)
+            stop.set()
+            for line in await cron:
+                print(f"   publish: {line}")
+            await _report(pool, args.steady, args.spike)
+            await pool.close()
+        finally:
+            stop.set()
+            if consumer is not None:
+                _stop(consumer)
+            _stop(partner)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
