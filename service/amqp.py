@@ -22,7 +22,6 @@ error, never a silent drop.
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -123,7 +122,7 @@ async def connect(settings: Settings, *, name: str) -> AbstractConnection:
     a closed connection within about twice ``amqp_heartbeat_seconds``.
     """
     url = settings.amqp_url.get_secret_value()
-    _quiet_transport_errors()
+    servers.quiet_transport_errors()
     try:
         return await aio_pika.connect(
             url,
@@ -132,56 +131,11 @@ async def connect(settings: Settings, *, name: str) -> AbstractConnection:
             heartbeat=settings.amqp_heartbeat_seconds,
         )
     except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
-        raise errors.UnavailableError(_where(settings, _cause(exc, settings))) from exc
+        raise errors.UnavailableError(servers.broker_unreachable(exc, settings)) from exc
     except ValueError as exc:  # the client refused a URL the settings let through
         raise errors.ConfigError(
             f"RELAY_AMQP_URL: not a URL the client accepts ({type(exc).__name__})"
         ) from None
-
-
-def _where(settings: Settings, cause: str) -> str:
-    address = settings.amqp_address()
-    return f"RabbitMQ at {address.where()}, vhost '{address.path}' (RELAY_AMQP_URL): {cause}"
-
-
-def _cause(exc: BaseException, settings: Settings) -> str:
-    """Why the connection could not be opened, in a few words (never the URL)."""
-    address = settings.amqp_address()
-    if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
-        return f"login refused for user '{address.user}' (wrong user name or password)"
-    if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc):
-        # RabbitMQ answers opening a vhost that does not exist, or that the user has no
-        # permission on, by closing the connection (530 NOT_ALLOWED).
-        return (
-            f"vhost '{address.path}' does not exist, or user '{address.user}' has no "
-            "permission on it"
-        )
-    if isinstance(exc, aiormq.exceptions.ConnectionClosed):
-        return f"the broker closed the connection ({exc})"
-    if isinstance(exc, aiormq.exceptions.IncompatibleProtocolError):
-        return "not an AMQP 0-9-1 server (is it RabbitMQ's port?)"
-    timeout = settings.amqp_timeout_seconds
-    if isinstance(exc, aiormq.exceptions.AMQPConnectionError) and exc.__cause__ is not None:
-        return servers.connect_cause(exc.__cause__, timeout, "RELAY_AMQP_TIMEOUT_SECONDS")
-    if isinstance(exc, TimeoutError | OSError):
-        return servers.connect_cause(exc, timeout, "RELAY_AMQP_TIMEOUT_SECONDS")
-    return f"connection failed ({type(exc).__name__})"
-
-
-class _TransportErrorFilter(logging.Filter):
-    """Drops aiormq's own log line for a failed connect: ``connect`` raises the error
-    with a better message, so the line only doubled it (on stderr, as JSON)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("error when creating transport")
-
-
-_TRANSPORT_FILTER = _TransportErrorFilter()
-
-
-def _quiet_transport_errors() -> None:
-    # Installed on first use, not at import (no import-time side effects); idempotent.
-    logging.getLogger("aiormq.connection").addFilter(_TRANSPORT_FILTER)
 
 
 async def declare(channel: AbstractChannel, topology: Topology) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 
 from service import errors, servers
-from service.settings import ServerAddress, Settings
+from service.settings import Settings
 
 _MIGRATION_TIMEOUT_SECONDS = 24 * 3600.0
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -126,7 +126,7 @@ async def create_pool(
             server_settings={"statement_timeout": str(round(deadline * 1000))},
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-        raise errors.UnavailableError(_where(settings, _cause(exc, settings))) from exc
+        raise errors.UnavailableError(servers.database_unreachable(exc, settings)) from exc
     except ValueError as exc:  # the driver refused a DSN the settings let through
         raise errors.ConfigError(
             f"RELAY_DATABASE_URL: not a DSN the driver accepts ({type(exc).__name__})"
@@ -140,34 +140,8 @@ async def create_pool(
             raise
         if problem is not None:
             await close_pool(pool, deadline)
-            raise errors.UnavailableError(_where(settings, problem))
+            raise errors.UnavailableError(servers.database_where(settings, problem))
     return pool
-
-
-def _where(settings: Settings, cause: str) -> str:
-    address: ServerAddress = settings.database_address()
-    return (
-        f"PostgreSQL at {address.where()}, database '{address.path}' "
-        f"(RELAY_DATABASE_URL): {cause}"
-    )
-
-
-def _cause(exc: BaseException, settings: Settings) -> str:
-    """Why the database could not be used, in a few words (never the DSN)."""
-    user = settings.database_address().user
-    if isinstance(exc, asyncpg.InvalidCatalogNameError):
-        return "no such database (create it, then run `relay migrate`)"
-    if isinstance(exc, asyncpg.InvalidPasswordError):
-        return f"login refused for user '{user}': wrong password"
-    if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
-        return f"login refused for user '{user}': {exc}"
-    if isinstance(exc, asyncpg.PostgresError):
-        return f"the server refused the connection: {exc}"
-    return servers.connect_cause(
-        exc,
-        settings.database_command_timeout_seconds,
-        "RELAY_DATABASE_COMMAND_TIMEOUT_SECONDS",
-    )
 
 
 async def schema_problem(executor: asyncpg.Pool | asyncpg.Connection) -> str | None:

@@ -179,6 +179,19 @@ async def add_intent(
         )
         if refused is not None:
             raise InvalidIntentError(f"destination: {refused}")
+    return await _insert(conn, key, channel, destination, payload, provider, urgent)
+
+
+async def _insert(
+    conn: ledger.Connection,
+    key: str,
+    channel: OutboxChannel,
+    destination: str,
+    payload: dict[str, Any],
+    provider: str | None,
+    urgent: bool,
+) -> int | None:
+    """Insert the intent (a pending delivery due now); its id, or None if the key exists."""
     encoded = True
     try:
         delivery_id = await conn.fetchval(

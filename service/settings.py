@@ -6,78 +6,23 @@ Each field documents its default and unit. ``load()`` turns a validation failure
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import unquote, urlsplit
 
-import email_validator
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from pydantic_settings import NoDecode, SettingsConfigDict, SettingsError
 
-from service import errors, limits
+from service import channel_settings, errors, servers
 
 _NUMBER = r"\d+(\.\d+)?"
 _BUDGET = rf"\s*[\w.-]+={_NUMBER}(/{_NUMBER})?\s*"
 _BUDGETS = re.compile(rf"^({_BUDGET}(,{_BUDGET})*)?$")
 _ATTEMPTS = re.compile(r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$")
-_ENCODE_HINT = "(a user name or password with '@', '/', ':' or '?' must be percent-encoded)"
 
 
-@dataclass(frozen=True)
-class ServerAddress:
-    """Where a server URL points, without its credentials: safe to print."""
-
-    hosts: tuple[tuple[str, int], ...]  # (host, port); host "" is the local socket
-    user: str
-    path: str  # the database name, or the AMQP virtual host
-
-    def where(self) -> str:
-        """``host:port`` (several joined by commas), e.g. ``127.0.0.1:5432``."""
-        return ",".join(
-            f"[{h}]:{p}" if ":" in h else f"{h or 'local socket'}:{p}" for h, p in self.hosts
-        )
-
-
-def parse_server_url(
-    url: str, schemes: tuple[str, ...], default_port: int, *, several_hosts: bool
-) -> ServerAddress:
-    """Split a PostgreSQL DSN or an AMQP URL; ValueError says what is wrong in one line.
-
-    Neither the URL nor any part of it that may be secret is ever quoted in the error.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ValueError(f"not a URL: expected {schemes[0]}://user@host:{default_port}/...")
-    if scheme.lower() not in schemes:
-        # What was given is not quoted: whatever sits before "://" might be a secret.
-        raise ValueError(f"the scheme must be {' or '.join(s + '://' for s in schemes)}")
-    parts = urlsplit(f"{schemes[0]}://{rest}")
-    userinfo, at, hostlist = parts.netloc.rpartition("@")
-    entries = hostlist.split(",")
-    if len(entries) > 1 and not several_hosts:
-        raise ValueError("give one host:port")
-    hosts = []
-    for entry in entries:
-        if entry.startswith("["):
-            host, _, after = entry[1:].partition("]")
-            port_text = after.removeprefix(":")
-        else:
-            host, _, port_text = entry.partition(":")
-        if port_text and not (port_text.isascii() and port_text.isdigit()):
-            raise ValueError(f"the port is not a number {_ENCODE_HINT}")
-        port = int(port_text) if port_text else default_port
-        if not 1 <= port <= 65535:
-            raise ValueError("the port must be from 1 to 65535")
-        hosts.append((host, port))
-    user = unquote(userinfo.partition(":")[0]) if at else ""
-    return ServerAddress(tuple(hosts), user, unquote(parts.path.removeprefix("/")))
-
-
-class Settings(BaseSettings):
+class Settings(channel_settings.ChannelSettings):
     """All configuration. Environment variable = ``RELAY_`` + upper-cased field name."""
 
     model_config = SettingsConfigDict(
@@ -292,42 +237,6 @@ class Settings(BaseSettings):
         default=5000, ge=1, description="Most rows one rescue pass republishes."
     )
 
-    # --- channels -----------------------------------------------------------------
-    webhook_signing_secrets: Annotated[list[SecretStr], NoDecode] = Field(
-        default=[],
-        description="Standard Webhooks secrets (whsec_...), comma-separated; several during "
-        "rotation. Empty: requests are not signed.",
-    )
-    email_api_base_url: str = Field(
-        default="https://api.resend.com",
-        description="Base URL of the HTTP email API (Resend-style POST /emails).",
-    )
-    email_api_key: SecretStr = Field(
-        default=SecretStr(""), description="Email API key. Empty: the email channel is off."
-    )
-    email_sender: str = Field(
-        default="",
-        description="From address of reminder e-mails, optionally with a name, e.g. "
-        "'Reminders <r@x.com>'; at most 1 KiB.",
-    )
-    sms_api_base_url: str = Field(
-        default="https://api.twilio.com",
-        description="Base URL of the HTTP SMS API (Twilio-style Messages resource).",
-    )
-    sms_account_sid: str = Field(
-        default="", description="SMS account id (AC + 32 hex). Empty: the SMS channel is off."
-    )
-    sms_auth_token: SecretStr = Field(default=SecretStr(""), description="SMS API auth token.")
-    sms_from_number: str = Field(default="", description="Sender number (E.164).")
-    sms_messaging_service_sid: str = Field(
-        default="", description="Sender service id (MG...), instead of a from number."
-    )
-    allow_networks: str = Field(
-        default="",
-        description="Comma-separated CIDRs that destinations may resolve to although not "
-        "public (e.g. 127.0.0.0/8 for local demos). Empty: only public addresses.",
-    )
-
     crash_at: str = Field(
         default="",
         description="Testing only: SIGKILL the process at these named points "
@@ -352,13 +261,6 @@ class Settings(BaseSettings):
         if not value or any(t <= 0 for t in value):
             raise ValueError("needs one or more positive numbers of seconds")
         return sorted(set(value))
-
-    @field_validator("webhook_signing_secrets", mode="before")
-    @classmethod
-    def _split_secrets(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
 
     @model_validator(mode="after")
     def _lease_outlasts_a_send(self) -> Settings:
@@ -388,7 +290,7 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _database_url_parses(cls, value: SecretStr) -> SecretStr:
-        parse_server_url(
+        servers.parse_server_url(
             value.get_secret_value(), ("postgresql", "postgres"), 5432, several_hosts=True
         )
         return value
@@ -396,46 +298,29 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _amqp_url_parses(cls, value: SecretStr) -> SecretStr:
-        address = parse_server_url(
+        address = servers.parse_server_url(
             value.get_secret_value(), ("amqp", "amqps"), 5672, several_hosts=False
         )
         if not address.hosts[0][0]:
             raise ValueError("the host is missing (expected amqp://user:password@host:5672/)")
         return value
 
-    @field_validator("email_sender")
-    @classmethod
-    def _sender_is_an_address(cls, value: str) -> str:
-        if not value:
-            return value
-        if len(json.dumps(value, ensure_ascii=False).encode()) - 2 > limits.EMAIL_MAX_SENDER_BYTES:
-            raise ValueError(f"must be at most {limits.EMAIL_MAX_SENDER_BYTES} bytes")
-        try:
-            email_validator.validate_email(
-                value, check_deliverability=False, allow_display_name=True
-            )
-        except email_validator.EmailNotValidError as exc:
-            raise ValueError(
-                f"not an e-mail address ('Name <a@b.example>' or 'a@b.example'): {exc}"
-            ) from None
-        return value
-
-    def database_address(self) -> ServerAddress:
+    def database_address(self) -> servers.ServerAddress:
         """Where RELAY_DATABASE_URL points (host:port, user, database): safe to print."""
-        address = parse_server_url(
+        address = servers.parse_server_url(
             self.database_url.get_secret_value(), ("postgresql", "postgres"), 5432,
             several_hosts=True,
         )  # fmt: skip
         # asyncpg's defaults: the database is named like the user, the user like the OS user.
         user = address.user or os.environ.get("PGUSER") or _os_user()
-        return ServerAddress(address.hosts, user, address.path or user)
+        return servers.ServerAddress(address.hosts, user, address.path or user)
 
-    def amqp_address(self) -> ServerAddress:
+    def amqp_address(self) -> servers.ServerAddress:
         """Where RELAY_AMQP_URL points (host:port, user, virtual host): safe to print."""
-        address = parse_server_url(
+        address = servers.parse_server_url(
             self.amqp_url.get_secret_value(), ("amqp", "amqps"), 5672, several_hosts=False
         )
-        return ServerAddress(address.hosts, address.user or "guest", address.path or "/")
+        return servers.ServerAddress(address.hosts, address.user or "guest", address.path or "/")
 
     @field_validator("database_ssl")
     @classmethod
