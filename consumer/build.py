@@ -14,6 +14,7 @@ import asyncpg
 from opentelemetry import trace
 
 from consumer import budget, delivery, gate, isolation, retry, store, worker
+from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
 from service import amqp, errors, netpolicy
@@ -162,6 +163,7 @@ async def worker_for(
     adapters: Mapping[str, Channel],
     metrics: Metrics,
     tracer: trace.Tracer | None,
+    acks: GroupedAcks,
     *,
     on_broker_failure: Callable[[], None],
 ) -> worker.Worker:
@@ -209,6 +211,7 @@ async def worker_for(
         metrics=metrics,
         stopping=stopping,
         on_broker_failure=on_broker_failure,
+        acks=acks,
         crash=crash,
         tracer=tracer,
     )

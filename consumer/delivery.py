@@ -181,22 +181,24 @@ class Deliverer:
         # and before the ack. If this process dies now, redelivery finds the new state.
         written = await self._store.complete(completion)
         self._crash.hit("after_write")
-        # ERROR only for a dead letter; a delivered one is in the ledger, so DEBUG.
+        # ERROR only for a dead letter; a delivered one is in the ledger, so DEBUG (and
+        # its fields are not even assembled unless DEBUG is on: the hot path).
         level = {Action.DEAD: 40, Action.DELIVERED: 10}.get(decision.action, 20)
-        log.log(
-            level,
-            "delivery attempted",
-            extra={
-                "event": "attempt",
-                "outcome": outcome.kind.value,
-                "decision": decision.action.value,
-                "http_status": outcome.http_status,
-                "error": logs.redact(outcome.error) if outcome.error else None,
-                "latency_ms": round((record.latency_ms or 0.0), 1),
-                "fenced_out": not written,
-                **_fields(row),
-            },
-        )
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "delivery attempted",
+                extra={
+                    "event": "attempt",
+                    "outcome": outcome.kind.value,
+                    "decision": decision.action.value,
+                    "http_status": outcome.http_status,
+                    "error": logs.redact(outcome.error) if outcome.error else None,
+                    "latency_ms": round((record.latency_ms or 0.0), 1),
+                    "fenced_out": not written,
+                    **_fields(row),
+                },
+            )
         if not written:
             return Ack()  # another claim owns the row now; its own message carries it
         if decision.action is Action.RETRY:

@@ -30,6 +30,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
 from opentelemetry import trace
 
 from consumer import build, health, sampler, worker
+from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
 from service import amqp, db, errors, logs
@@ -133,11 +134,11 @@ async def run(
             on_give_up=lambda: failure.fail("database unreachable"),
         )
         stack.push_async_callback(watch.stop)
+        consume_channel, queues, acks = await _open_consume_channel(connection, settings, failure)
         work = await build.worker_for(
-            settings, pool, watch, publisher, adapters, metrics, tracer,
+            settings, pool, watch, publisher, adapters, metrics, tracer, acks,
             on_broker_failure=lambda: failure.fail("publish not confirmed"),
         )  # fmt: skip
-        consume_channel, queues = await _open_consume_channel(connection, settings, failure)
         consuming = asyncio.Event()
         probes = _Probes(settings, connection, consume_channel, publisher, watch, work, consuming)
         await _serve_health(stack, settings, probes, render_metrics, closing)
@@ -273,10 +274,10 @@ async def _open_broker(
 
 async def _open_consume_channel(
     connection: AbstractConnection, settings: Settings, failure: Failure
-) -> tuple[AbstractChannel, list[AbstractQueue]]:
-    """The channel deliveries arrive on, and the lanes (urgent first, so a bulk backlog
-    never sits in front of it). Its closing, or the broker cancelling our consumer (a
-    deleted queue), is a failure."""
+) -> tuple[AbstractChannel, list[AbstractQueue], GroupedAcks]:
+    """The channel deliveries arrive on, the lanes (urgent first, so a bulk backlog never
+    sits in front of it) and the channel's grouped acks. Its closing, or the broker
+    cancelling our consumer (a deleted queue), is a failure."""
     topology = amqp.Topology.from_settings(settings)
     async with asyncio.timeout(settings.amqp_timeout_seconds):
         channel = await connection.channel()
@@ -290,7 +291,11 @@ async def _open_consume_channel(
     underlay.on_consumer_cancel_callbacks.add(
         lambda *_: failure.fail("consumer cancelled by the broker")
     )
-    return channel, queues
+
+    async def ack(tag: int, multiple: bool) -> None:
+        await underlay.basic_ack(tag, multiple=multiple)
+
+    return channel, queues, GroupedAcks(ack)
 
 
 async def _shutdown(

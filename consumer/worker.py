@@ -23,6 +23,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
+from consumer.acks import GroupedAcks
 from consumer.delivery import Deliverer
 from consumer.dispositions import (
     Ack,
@@ -65,6 +66,7 @@ class Worker:
         metrics: Metrics,
         stopping: asyncio.Event,
         on_broker_failure: Callable[[], None],
+        acks: GroupedAcks | None = None,
         crash: CrashPoints | None = None,
         tracer: trace.Tracer | None = None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -76,6 +78,7 @@ class Worker:
         self._metrics = metrics
         self._stopping = stopping
         self._on_broker_failure = on_broker_failure
+        self._acks = acks
         self._crash = crash or CrashPoints()
         self._tracer = tracer or telemetry.noop_tracer()
         self._tracing = telemetry.is_recording(self._tracer)
@@ -99,6 +102,8 @@ class Worker:
         if not self._in_flight:
             self._last_progress = self._now()  # idle until now is not a stall
         self._in_flight.add(task)
+        if self._acks is not None and message.delivery_tag is not None:
+            self._acks.opened(message.delivery_tag)
         try:
             await self.handle(message)
         finally:
@@ -164,21 +169,21 @@ class Worker:
         try:
             match disposition:
                 case Ack():
-                    await message.ack()
+                    await self._ack(message)
                 case Redelay(lane=lane, seconds=seconds):
                     await self._publisher.publish_delayed(
                         message.body, lane=lane, remaining_seconds=seconds, headers=trace_headers
                     )
                     self._crash.hit("after_publish")
-                    await message.ack()
+                    await self._ack(message)
                 case DeadLetter():
                     await self._publish_dead_letter(message, disposition, trace_headers)
                     self._crash.hit("after_publish")
-                    await message.ack()
+                    await self._ack(message)
                 case GiveBack(lane=lane):
                     await self._give_back(message, lane, trace_headers)
                 case Requeue():
-                    await message.nack(requeue=True)
+                    await self._nack(message)
                 case Leave():
                     pass
         except errors.PublishError:
@@ -220,9 +225,22 @@ class Worker:
         try:
             await self._publisher.publish_copy(message.body, lane=lane, headers=trace_headers)
         except errors.PublishError:
-            await message.nack(requeue=True)
+            await self._nack(message)
             return
-        await message.ack()
+        await self._ack(message)
+
+    async def _ack(self, message: AbstractIncomingMessage) -> None:
+        """Acknowledge: grouped with its neighbours when it can be (``consumer/acks.py``)."""
+        if self._acks is None or message.delivery_tag is None:
+            await message.ack()
+        else:
+            self._acks.ack(message.delivery_tag)
+
+    async def _nack(self, message: AbstractIncomingMessage) -> None:
+        """Return the message to its queue (counts toward its delivery limit)."""
+        if self._acks is not None and message.delivery_tag is not None:
+            self._acks.dropped(message.delivery_tag)
+        await message.nack(requeue=True)
 
     async def _decide_in_span(self, message: AbstractIncomingMessage) -> Disposition:
         if not self._tracing:  # nothing exports spans: skip the context work entirely
