@@ -90,18 +90,25 @@ def _no_consumer_gave_up(fleet: Fleet, facts: Facts) -> None:
     )
 
 
+async def _recovered_cleanly(fleet: Fleet, back: float, before: int) -> None:
+    """The facts every outage test asserts once the server is back at ``back``: all
+    delivered within the bound, no redelivery since ``before``, no consumer gave up,
+    dead letters only for dead rows, one logical event per key, SIGTERMs in bound."""
+    facts = Facts(fleet)
+    await _after_return(fleet, back, facts)
+    await _redeliveries_since(fleet, before, facts)
+    _no_consumer_gave_up(fleet, facts)
+    await fleet.finish(facts)
+    facts.assert_all()
+
+
 async def test_drain_without_faults_is_clean(
     pg: PostgresNode, module_rabbit: RabbitNode, partner: RunningPartner, tmp_path: Path
 ) -> None:
     """Control: the harness and the facts hold when nothing fails."""
     async with _drain(pg, module_rabbit, partner, tmp_path) as fleet:
-        facts = Facts(fleet)
         before = await fleet.redeliveries()
-        await _after_return(fleet, time.monotonic(), facts)
-        await _redeliveries_since(fleet, before, facts)
-        _no_consumer_gave_up(fleet, facts)
-        await fleet.finish(facts)
-        facts.assert_all()
+        await _recovered_cleanly(fleet, time.monotonic(), before)
 
 
 async def test_postgres_fast_restart_under_a_drain(
@@ -112,12 +119,7 @@ async def test_postgres_fast_restart_under_a_drain(
         fleet.note("postgres: fast restart")
         await asyncio.to_thread(pg.restart)  # pg_ctl -m fast stop, then start
         back = fleet.note("postgres back")
-        facts = Facts(fleet)
-        await _after_return(fleet, back, facts)
-        await _redeliveries_since(fleet, before, facts)
-        _no_consumer_gave_up(fleet, facts)
-        await fleet.finish(facts)
-        facts.assert_all()
+        await _recovered_cleanly(fleet, back, before)
 
 
 async def test_postgres_sigkill_and_restart_under_a_drain(
@@ -132,12 +134,7 @@ async def test_postgres_sigkill_and_restart_under_a_drain(
         await asyncio.sleep(1)
         await asyncio.to_thread(pg.restart)  # crash recovery on the same data and port
         back = fleet.note("postgres back")
-        facts = Facts(fleet)
-        await _after_return(fleet, back, facts)
-        await _redeliveries_since(fleet, before, facts)
-        _no_consumer_gave_up(fleet, facts)
-        await fleet.finish(facts)
-        facts.assert_all()
+        await _recovered_cleanly(fleet, back, before)
 
 
 async def test_postgres_stopped_for_5_s_under_a_drain(
@@ -151,12 +148,7 @@ async def test_postgres_stopped_for_5_s_under_a_drain(
         await asyncio.sleep(5)  # the outage itself, not a synchronisation
         await asyncio.to_thread(pg.start)
         back = fleet.note(f"postgres back after {time.monotonic() - down:.1f} s down")
-        facts = Facts(fleet)
-        await _after_return(fleet, back, facts)
-        await _redeliveries_since(fleet, before, facts)
-        _no_consumer_gave_up(fleet, facts)
-        await fleet.finish(facts)
-        facts.assert_all()
+        await _recovered_cleanly(fleet, back, before)
 
 
 async def test_postgres_hung_for_20_s_under_a_drain(
