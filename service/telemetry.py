@@ -66,6 +66,7 @@ class Metrics:
     skipped: Counter
     redelays: Counter
     poison: Counter
+    destinations_disabled: Counter
     # Publish runs, rescue and replay: recorded by the publisher's commands.
     replays: Counter
     rescues: Counter
@@ -103,6 +104,7 @@ class _DeliveryInstruments(TypedDict):
     skipped: Counter
     redelays: Counter
     poison: Counter
+    destinations_disabled: Counter
 
 
 class _RunInstruments(TypedDict):
@@ -168,6 +170,11 @@ def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
         ),
         poison=meter.create_counter(
             "relay.delivery.poison", "{message}", "Malformed or unknown messages dead-lettered"
+        ),
+        destinations_disabled=meter.create_counter(
+            "relay.destinations.disabled",
+            "{destination}",
+            "Destinations disabled by the consumer (410 Gone, a failure streak), by reason",
         ),
     )
 

@@ -1,0 +1,180 @@
+"""The destinations registry against real PostgreSQL, RabbitMQ and HTTP servers: each
+partner's own secret, rotation with a grace, auto-disable on a failure streak with held
+deliveries, the event envelope, and no secret in any log."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+from aiohttp import web
+from cryptography.fernet import Fernet
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from service import destinations, outbox
+from service.ops import partner as partner_mod
+from service.settings import Settings
+from tests.conftest import SECRET
+from tests.support import relay as rs
+
+
+@dataclass
+class Received:
+    path: str
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass
+class Receiver:
+    """A partner endpoint that keeps every request as it came (to verify offline with any
+    secret) and answers ``status`` (200 unless a test makes it fail)."""
+
+    port: int = 0
+    status: int = 200
+    requests: list[Received] = field(default_factory=list)
+
+    def url(self, name: str = "r") -> str:
+        return f"http://127.0.0.1:{self.port}/hooks/{name}"
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.requests.append(Received(request.path, body, dict(request.headers)))
+        return web.json_response({"ok": self.status < 300}, status=self.status)
+
+
+@pytest.fixture
+async def receivers() -> AsyncIterator[list[Receiver]]:
+    made: list[tuple[Receiver, web.AppRunner]] = []
+    for _ in range(2):
+        receiver = Receiver()
+        app = web.Application()
+        app.router.add_post("/hooks/{name}", receiver.handle)
+        runner, receiver.port = await partner_mod.serve(app)
+        made.append((receiver, runner))
+    yield [r for r, _ in made]
+    for _, runner in made:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def keyed(settings: Settings) -> Settings:
+    """The test's settings with a key for destinations' own secrets."""
+    return settings.model_copy(
+        update={"destination_secrets_keys": [_secret_str(Fernet.generate_key().decode())]}
+    )
+
+
+def _secret_str(value: str) -> object:
+    from pydantic import SecretStr
+
+    return SecretStr(value)
+
+
+def verifies(secret: str, request: Received) -> bool:
+    try:
+        Webhook(secret).verify(request.body, request.headers)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
+async def add(settings: Settings, url: str, *extra: str) -> None:
+    result = await rs.relay(settings, "destinations", "add", url, *extra)
+    assert result.code == 0, result.stderr
+
+
+async def revealed(settings: Settings, url: str) -> list[str]:
+    """The destination's valid secrets, newest first, as `show --reveal-secret` prints them."""
+    result = await rs.relay(settings, "destinations", "show", url, "--reveal-secret", "--json")
+    assert result.code == 0, result.stderr
+    return [s["secret"] for s in json.loads(result.stdout)["secrets"] if s["valid"]]
+
+
+async def delivered(pool: asyncpg.Pool, n: int) -> bool:
+    return (await rs.states(pool)).get("delivered", 0) == n
+
+
+async def test_two_partners_each_verify_only_their_own_secret(
+    keyed: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+) -> None:
+    a, b = receivers
+    for receiver in receivers:
+        await add(keyed, receiver.url())
+    secret_a, secret_b = (await revealed(keyed, a.url()))[0], (await revealed(keyed, b.url()))[0]
+    assert secret_a != secret_b
+    lines = [rs.line(f"a{i}", a.url()) for i in range(10)]
+    lines += [rs.line(f"b{i}", b.url()) for i in range(10)]
+    await rs.load(pool, lines)
+    assert (await rs.relay(keyed, "publish")).code == 0
+    async with rs.consumer_in_process(keyed):
+        await rs.wait_for(lambda: delivered(pool, 20), 30, "20 delivered")
+
+    assert len(a.requests) == len(b.requests) == 10
+    pairs = ((secret_a, secret_b, a.requests), (secret_b, secret_a, b.requests))
+    for own, other, requests in pairs:
+        assert [verifies(own, r) for r in requests] == [True] * 10
+        assert [verifies(other, r) for r in requests] == [False] * 10  # 0 cross-accepts
+        # Nor does the shared fallback secret verify a destination with its own.
+        assert [verifies(SECRET, r) for r in requests] == [False] * 10
+    # The stored secrets are encrypted: neither plaintext is in the database.
+    stored = await pool.fetch("SELECT encrypted FROM destination_secrets")
+    assert len(stored) == 2
+    assert all(secret_a not in r["encrypted"] and secret_b not in r["encrypted"] for r in stored)
+
+
+async def test_an_unknown_destination_is_registered_on_first_use_or_refused_when_registered_only(
+    keyed: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+) -> None:
+    a, b = receivers
+    first_use = rs.line("first", a.url().replace("http://127.0.0.1", "HTTP://127.0.0.1"))
+    loaded = await rs.relay(keyed, "reminders", "load", "-", stdin=first_use + "\n")
+    assert loaded.code == 0, loaded.stderr
+    shown = json.loads((await rs.relay(keyed, "destinations", "show", a.url(), "--json")).stdout)
+    assert shown["url"] == a.url() and shown["state"] == "enabled"  # normalised
+    assert [s["valid"] for s in shown["secrets"]] == [True] and "secret" not in shown["secrets"][0]
+    assert await pool.fetchval("SELECT destination FROM reminders") == a.url()
+
+    refused = await rs.relay(
+        keyed, "reminders", "load", "-", stdin=rs.line("second", b.url()) + "\n",
+        DESTINATIONS_REGISTERED_ONLY="true",
+    )  # fmt: skip
+    assert refused.code == 2
+    assert "destination not registered" in refused.stderr
+    assert await pool.fetchval("SELECT count(*) FROM reminders") == 1
+    async with pool.acquire() as conn, conn.transaction():
+        with pytest.raises(outbox.InvalidIntentError, match="not registered"):
+            await outbox.add_intent(
+                conn, key="k1", channel="webhook", destination=b.url(), payload={"n": 1},
+                allow_networks=rs.LOOPBACK,
+                registration=destinations.Registration(registered_only=True),
+            )  # fmt: skip
+    assert await pool.fetchval("SELECT count(*) FROM destinations WHERE url = $1", b.url()) == 0
+
+
+async def test_json_output_holds_no_secret_without_reveal_secret(
+    keyed: Settings, receivers: list[Receiver]
+) -> None:
+    url = receivers[0].url()
+    await add(keyed, url)
+    secret = (await revealed(keyed, url))[0]
+    assert secret.startswith("whsec_")
+    rotated = await rs.relay(keyed, "destinations", "rotate-secret", url, "--grace", "1h", "--json")
+    assert rotated.code == 0, rotated.stderr
+    for args in (("show", url, "--json"), ("show", url), ("list", "--json"), ("list",)):
+        result = await rs.relay(keyed, "destinations", *args)
+        assert result.code == 0, result.stderr
+        assert "whsec_" not in result.stdout + result.stderr
+    assert len(await revealed(keyed, url)) == 2  # the new one and the old one in its grace
+    listed = json.loads((await rs.relay(keyed, "destinations", "list", "--json")).stdout)
+    assert [(d["url"], d["secrets"], d["state"]) for d in listed["destinations"]] == [
+        (url, 2, "enabled")
+    ]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
