@@ -340,7 +340,7 @@ async def load(
 
 
 async def _enter_destinations(
-    conn: asyncpg.Connection,
+    conn: destinations.Connection,
     items: list[Prepared],
     registration: destinations.Registration | None,
     problems: Problems,
