@@ -42,6 +42,7 @@ class Snapshot:
 
     queue_depth: dict[str, int] = field(default_factory=dict)  # queue -> ready messages
     states: dict[str, int] = field(default_factory=dict)  # ledger state -> rows
+    destinations: dict[str, int] = field(default_factory=dict)  # enabled/disabled -> count
     oldest_claimable_seconds: float = 0.0
     latest_run_completion: float | None = None
     latest_run_age_seconds: float | None = None
@@ -233,6 +234,12 @@ def _register_gauges(meter: Meter, snapshot: Snapshot) -> None:
         "{delivery}",
         "Ledger rows by state",
         lambda: [Observation(n, {"state": s}) for s, n in snapshot.states.items()],
+    )
+    gauge(
+        "relay.destinations",
+        "{destination}",
+        "Registered webhook destinations by state (enabled, disabled)",
+        lambda: [Observation(n, {"state": s}) for s, n in snapshot.destinations.items()],
     )
     gauge(
         "relay.deliveries.oldest_claimable.age",

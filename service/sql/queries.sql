@@ -666,6 +666,9 @@ FROM t
 WHERE d.url = t.url
 RETURNING d.id, t.streak, t.trip AS disabled;
 
+-- name: destination_state_counts
+SELECT state, count(*)::int AS n FROM destinations GROUP BY state;
+
 -- name: destination_succeeded
 UPDATE destinations SET failure_streak = 0, streak_started_at = NULL, updated_at = now()
 WHERE url = $1 AND failure_streak > 0;

@@ -5,9 +5,9 @@ deliveries, the event envelope, and no secret in any log."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -176,5 +176,94 @@ async def test_json_output_holds_no_secret_without_reveal_secret(
     ]
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
+class Records(logging.Handler):
+    """Keeps the relay's log records (the consumer runs in this process)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def events(self, event: str) -> list[logging.LogRecord]:
+        return [r for r in self.records if getattr(r, "event", None) == event]
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    handler = Records()
+    logger = logging.getLogger("relay")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+@pytest.mark.timeout(120)
+async def test_a_failure_streak_disables_the_destination_holds_its_deliveries_then_enable_sends(
+    keyed: Settings, pool: asyncpg.Pool, receivers: list[Receiver], records: Records
+) -> None:
+    failing, healthy = receivers
+    failing.status = 503
+    settings = keyed.model_copy(
+        update={
+            "destination_failure_streak": 3,
+            "destination_failure_span_seconds": 0.5,
+            "destination_hold_seconds": 1.0,
+            "max_attempts": 50,  # the streak, not the attempt budget, must stop the sends
+            # The circuit breaker would defer the sends (no attempt, no streak) for its
+            # cooldown: kept out of the way here, it is not what this test is about.
+            "breaker_failure_threshold": 1000,
+        }
+    )
+    await rs.load(pool, [rs.line(f"f{i}", failing.url()) for i in range(5)]
+                  + [rs.line(f"h{i}", healthy.url()) for i in range(3)])  # fmt: skip
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings) as consumer:
+
+        async def held_five() -> bool:
+            held = {r.delivery_id for r in records.events("deferred")
+                    if r.reason == "destination disabled"}  # type: ignore[attr-defined]  # fmt: skip
+            return len(held) == 5
+
+        await rs.wait_for(held_five, 60, "all five deliveries held")
+        shown = json.loads(
+            (await rs.relay(settings, "destinations", "show", failing.url(), "--json")).stdout
+        )
+        assert (shown["state"], shown["disabled_reason"]) == ("disabled", "failure streak")
+        assert shown["failure_streak"] >= 3
+        requests_when_held = len(failing.requests)
+        attempts_when_held = await pool.fetchval("SELECT count(*) FROM delivery_attempts")
+        rounds = len(records.events("deferred"))
+        # Another round of holds: still no request, no attempt.
+        await rs.wait_for(
+            lambda: _more(records, rounds + 5), 30, "held deliveries looked again"
+        )
+        assert len(failing.requests) == requests_when_held
+        assert await pool.fetchval("SELECT count(*) FROM delivery_attempts") == attempts_when_held
+        states = await rs.states(pool)
+        assert states.get("dead", 0) == 0 and states["retrying"] == 5
+        assert states["delivered"] == 3  # the healthy partner is not affected
+        assert consumer.metric("relay.destinations.disabled", reason="failure_streak") == 1
+        [event] = records.events("destination_disabled")
+        assert event.reason == "failure_streak"  # type: ignore[attr-defined]
+        assert event.destination_id == shown["id"]  # type: ignore[attr-defined]
+
+        failing.status = 200
+        enabled = await rs.relay(settings, "destinations", "enable", failing.url(), "--json")
+        assert enabled.code == 0, enabled.stderr
+        assert json.loads(enabled.stdout)["held"] == 5
+        await rs.wait_for(lambda: delivered(pool, 8), 30, "all delivered after enable")
+        assert consumer.metric("relay.delivery.dead_letters") == 0
+    assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE state = 'dead'") == 0
+    after = json.loads(
+        (await rs.relay(settings, "destinations", "show", failing.url(), "--json")).stdout
+    )
+    assert (after["state"], after["failure_streak"]) == ("enabled", 0)
+
+
+async def _more(records: Records, n: int) -> bool:
+    return len(records.events("deferred")) >= n
