@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -267,3 +268,77 @@ async def test_a_failure_streak_disables_the_destination_holds_its_deliveries_th
 
 async def _more(records: Records, n: int) -> bool:
     return len(records.events("deferred")) >= n
+
+
+async def _send_one(settings: Settings, pool: asyncpg.Pool, reminder_id: str, url: str) -> None:
+    """Load one reminder due now, publish it and wait until it is delivered."""
+    await rs.load(pool, [rs.line(reminder_id, url)])
+    assert (await rs.relay(settings, "publish")).code == 0
+
+    async def sent() -> bool:
+        state = await pool.fetchval(
+            "SELECT state::text FROM deliveries WHERE reminder_id = $1", reminder_id
+        )
+        return state == "delivered"
+
+    await rs.wait_for(sent, 30, f"{reminder_id} delivered")
+
+
+async def _end_grace(pool: asyncpg.Pool) -> None:
+    """The grace has passed: the database's clock is the one the expiry is read with, so
+    the expiry is moved to its present rather than the test waiting for it."""
+    await pool.execute(
+        "UPDATE destination_secrets SET expires_at = now() WHERE expires_at > now()"
+    )
+
+
+async def test_rotation_old_secret_verifies_until_the_grace_ends_new_one_throughout(
+    keyed: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+) -> None:
+    receiver = receivers[0]
+    url = receiver.url()
+    await add(keyed, url)
+    [old] = await revealed(keyed, url)
+    async with rs.consumer_in_process(keyed):
+        await _send_one(keyed, pool, "before", url)
+        rotated = await rs.relay(keyed, "destinations", "rotate-secret", url, "--grace", "1h")
+        assert rotated.code == 0, rotated.stderr
+        new, still_old = await revealed(keyed, url)  # newest first
+        assert still_old == old and new != old
+        await _send_one(keyed, pool, "during", url)
+        await _end_grace(pool)
+        assert await revealed(keyed, url) == [new]
+        await _send_one(keyed, pool, "after", url)
+
+    before, during, after = receiver.requests
+    assert (verifies(old, before), verifies(new, before)) == (True, False)
+    assert (verifies(old, during), verifies(new, during)) == (True, True)
+    assert (verifies(old, after), verifies(new, after)) == (False, True)
+    shown = json.loads((await rs.relay(keyed, "destinations", "show", url, "--json")).stdout)
+    assert [s["valid"] for s in shown["secrets"]] == [True, False]
+
+
+async def test_the_path_off_the_shared_secret_is_a_rotation_with_a_grace(
+    keyed: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+) -> None:
+    """A destination registered without a secret of its own (no key configured, or from
+    before the registry) is signed with RELAY_WEBHOOK_SIGNING_SECRETS; its first rotation
+    keeps the shared secret for the grace only."""
+    receiver = receivers[0]
+    url = receiver.url()
+    await rs.load(pool, [rs.line("legacy", url, due_at=datetime(2999, 1, 1, tzinfo=UTC))])
+    assert await pool.fetchval("SELECT count(*) FROM destination_secrets") == 0
+    async with rs.consumer_in_process(keyed):
+        await _send_one(keyed, pool, "shared", url)
+        rotated = await rs.relay(keyed, "destinations", "rotate-secret", url, "--grace", "7d")
+        assert rotated.code == 0, rotated.stderr
+        new, shared = await revealed(keyed, url)
+        assert shared == SECRET
+        await _send_one(keyed, pool, "during", url)
+        await _end_grace(pool)
+        await _send_one(keyed, pool, "after", url)
+
+    first, during, after = receiver.requests
+    assert (verifies(SECRET, first), verifies(new, first)) == (True, False)
+    assert (verifies(SECRET, during), verifies(new, during)) == (True, True)
+    assert (verifies(SECRET, after), verifies(new, after)) == (False, True)
