@@ -57,6 +57,8 @@ _SECRET_PREFIX = "whsec_"
 # header that names the version of that body's schema.
 SCHEMA_VERSION_HEADER = "webhook-schema-version"
 ENVELOPE_SCHEMA_VERSION = "1"
+# Room for the envelope around a payload: '{"type":"<=100 chars","timestamp":"...","data":}'.
+_ENVELOPE_ROOM = 256
 
 
 def envelope_of(request: SendRequest) -> dict[str, object]:
@@ -65,7 +67,7 @@ def envelope_of(request: SendRequest) -> dict[str, object]:
     at = request.occurrence_at.astimezone(UTC)
     return {
         "type": request.event_type,
-        "timestamp": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "timestamp": at.isoformat(timespec="microseconds").replace("+00:00", "Z"),
         "data": request.payload,
     }
 
@@ -297,7 +299,9 @@ class WebhookChannel:
         except (TypeError, ValueError):
             return http.rejected("payload not json serializable")
         data = body.encode("utf-8")
-        if len(data) > cfg.max_request_bytes:
+        # The envelope's own bytes (type, timestamp, keys) do not count against the
+        # payload's limit, which entry checked: what entered is sent, enveloped or not.
+        if len(data) > cfg.max_request_bytes + (_ENVELOPE_ROOM if request.envelope else 0):
             return http.rejected("payload too large")
 
         session = self._session.get()

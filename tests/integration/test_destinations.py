@@ -342,3 +342,54 @@ async def test_the_path_off_the_shared_secret_is_a_rotation_with_a_grace(
     assert (verifies(SECRET, first), verifies(new, first)) == (True, False)
     assert (verifies(SECRET, during), verifies(new, during)) == (True, True)
     assert (verifies(SECRET, after), verifies(new, after)) == (False, True)
+
+
+async def test_the_envelope_is_sent_only_to_destinations_that_chose_it(
+    keyed: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+) -> None:
+    enveloped, plain = receivers
+    await add(keyed, enveloped.url(), "--envelope")
+    [secret] = await revealed(keyed, enveloped.url())
+    await rs.load(
+        pool,
+        [
+            rs.line("typed", enveloped.url(), event_type="report.daily"),
+            rs.line("untyped", enveloped.url()),
+            rs.line("plain", plain.url(), event_type="report.daily"),
+        ],
+    )
+    assert (await rs.relay(keyed, "publish")).code == 0
+    async with rs.consumer_in_process(keyed):
+        await rs.wait_for(lambda: delivered(pool, 3), 30, "3 delivered")
+    occurred = {
+        r["reminder_id"]: r["occurrence_at"]
+        for r in await pool.fetch("SELECT reminder_id, occurrence_at FROM deliveries")
+    }
+
+    bodies = {}
+    for request in enveloped.requests:
+        assert verifies(secret, request)  # the signature covers the envelope as sent
+        assert request.headers["webhook-schema-version"] == "1"
+        body = json.loads(request.body)
+        assert set(body) == {"type", "timestamp", "data"}
+        bodies[body["data"]["text"]] = body
+    assert bodies["hello typed"]["type"] == "report.daily"
+    assert bodies["hello untyped"]["type"] == "reminder.due"
+    for reminder_id in ("typed", "untyped"):
+        stamp = datetime.fromisoformat(bodies[f"hello {reminder_id}"]["timestamp"])
+        assert stamp == occurred[reminder_id]  # the occurrence's time, not the send's
+    [raw] = plain.requests
+    assert json.loads(raw.body) == {"text": "hello plain"}  # off: the payload as before
+    assert "webhook-schema-version" not in {k.lower() for k in raw.headers}
+
+    off = await rs.relay(keyed, "destinations", "envelope", enveloped.url(), "off", "--json")
+    assert off.code == 0 and json.loads(off.stdout)["envelope"] is False
+    async with pool.acquire() as conn, conn.transaction():
+        await outbox.add_intent(
+            conn, key="after-off", channel="webhook", destination=enveloped.url(),
+            payload={"text": "raw again"}, allow_networks=rs.LOOPBACK, event_type="x.y",
+        )  # fmt: skip
+    assert (await rs.relay(keyed, "publish")).code == 0
+    async with rs.consumer_in_process(keyed):
+        await rs.wait_for(lambda: delivered(pool, 4), 30, "the intent delivered")
+    assert json.loads(enveloped.requests[-1].body) == {"text": "raw again"}
