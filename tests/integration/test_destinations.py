@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -393,3 +394,63 @@ async def test_the_envelope_is_sent_only_to_destinations_that_chose_it(
     async with rs.consumer_in_process(keyed):
         await rs.wait_for(lambda: delivered(pool, 4), 30, "the intent delivered")
     assert json.loads(enveloped.requests[-1].body) == {"text": "raw again"}
+
+
+@pytest.mark.timeout(180)
+async def test_no_secret_or_key_ever_reaches_a_log(
+    keyed: Settings, pool: asyncpg.Pool, receivers: list[Receiver], tmp_path: Path
+) -> None:
+    """A canary run at DEBUG: destinations added, secrets revealed and rotated, reminders
+    loaded and published, a consumer delivering (accepted, failed and retried, disabled by
+    a streak, enabled again), a bad key refused. Every secret, its key material, the
+    encryption key and the encrypted tokens are looked for in every log line and stderr."""
+    ok, flaky = receivers
+    settings = keyed.model_copy(
+        update={"destination_failure_streak": 2, "destination_failure_span_seconds": 0.0,
+                "destination_hold_seconds": 1.0, "breaker_failure_threshold": 1000,
+                "max_attempts": 20}
+    )  # fmt: skip
+    stderr: list[str] = []
+
+    async def relay(*args: str, stdin: str | None = None, **env: str) -> rs.Result:
+        result = await rs.relay(settings, *args, stdin=stdin, LOG_LEVEL="DEBUG", **env)
+        stderr.append(result.stderr)
+        return result
+
+    for receiver in receivers:
+        assert (await relay("destinations", "add", receiver.url(), "--envelope")).code == 0
+        rotated = await relay("destinations", "rotate-secret", receiver.url(), "--grace", "1h")
+        assert rotated.code == 0
+    flaky.status = 503
+    lines = [rs.line(f"ok{i}", ok.url()) for i in range(5)]
+    lines += [rs.line(f"flaky{i}", flaky.url()) for i in range(3)]
+    assert (await relay("reminders", "load", "-", stdin="\n".join(lines) + "\n")).code == 0
+    assert (await relay("publish")).code == 0
+    log = tmp_path / "consumer.log"
+    consumer = await rs.start_consumer(settings, log, LOG_LEVEL="DEBUG")
+    try:
+        await rs.wait_for(lambda: rs.logged(log, "destination_disabled"), 60, "a streak")
+        flaky.status = 200
+        assert (await relay("destinations", "enable", flaky.url())).code == 0
+        await rs.wait_for(lambda: delivered(pool, 8), 60, "all delivered")
+        assert await rs.stop(consumer) == 0
+    finally:
+        if consumer.returncode is None:
+            consumer.kill()
+            await consumer.wait()
+    bad_key = "canary-key-material-0123456789"
+    refused = await relay("destinations", "list", DESTINATION_SECRETS_KEYS=bad_key)
+    assert refused.code == 2 and "RELAY_DESTINATION_SECRETS_KEYS" in refused.stderr
+
+    secrets = [s for r in receivers for s in await revealed(settings, r.url())]
+    assert len(secrets) == 4
+    tokens = [r["encrypted"] for r in await pool.fetch("SELECT encrypted FROM destination_secrets")]
+    key = settings.destination_secrets_keys[0].get_secret_value()
+    canaries = [*secrets, *(s.removeprefix("whsec_") for s in secrets), SECRET, key, bad_key]
+    canaries += [*tokens, "whsec_", "gAAAAA"]  # any secret's prefix, any Fernet token's
+    everything = "\n".join(stderr) + "\n" + log.read_text()
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    seen = {(r["level"], r["event"]) for r in logged}  # the run was logged, at DEBUG
+    assert {("DEBUG", "attempt"), ("INFO", "attempt"), ("WARNING", "destination_disabled"),
+            ("INFO", "deferred")} <= seen  # fmt: skip
+    assert [c[:12] for c in canaries if c in everything] == []
