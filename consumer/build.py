@@ -180,11 +180,8 @@ async def worker_for(
     on_broker_failure: Callable[[], None],
 ) -> worker.Worker:
     """The worker with everything it needs: budgets, store, gate, deliverer."""
-    budgets = budget.Budgets(
-        pool,
-        budget.parse_budgets(settings.budgets),
-        urgent_reserve_fraction=settings.budget_urgent_reserve,
-    )
+    specs = budget.parse_budgets(settings.budgets)
+    budgets = budget.Budgets(pool, specs, urgent_reserve_fraction=settings.budget_urgent_reserve)
     await budgets.setup()  # every replica writes the same configured budgets
     stopping = asyncio.Event()
     ledger_store = store.Store(

@@ -29,7 +29,7 @@ from service import amqp, destinations, logs
 from service.clock import Clock
 from service.crashpoints import CrashPoints
 from service.errors import Abandoned
-from service.ledger import Attempt, Claimed
+from service.ledger import Attempt, Claimed, SendFacts
 from service.telemetry import Metrics
 
 log = logs.get("consumer")
@@ -89,8 +89,7 @@ class Deliverer:
     ) -> Disposition:
         """Attempt ``row`` (claimed at monotonic ``claimed_at``); what to do with its message."""
         has_destination = row.destination is not None and row.payload is not None
-        hold = self._targets.hold_seconds
-        verdict = decisions.verdict(row.facts, has_destination=has_destination, hold_seconds=hold)
+        verdict = self._verdict(row.facts, has_destination)
         if not isinstance(verdict, decisions.Send):
             return await self._without_request(row, verdict)
         channel = self._channels.get(row.channel)
@@ -101,7 +100,7 @@ class Deliverer:
             secrets = self._own_secrets(row)
         except ValueError:
             self._log_unreadable(row.id)
-            return await self._defer(row, _UNREADABLE, hold)
+            return await self._defer(row, _UNREADABLE, self._targets.hold_seconds)
         admitted = await self._gate.admit(
             row, claimed_at=claimed_at, no_new_requests=no_new_requests
         )
@@ -115,9 +114,7 @@ class Deliverer:
                 check = await self._store.check(row.id, row.attempts)
                 if check is None or not check.claim_held:
                     return await self._claim_lost(row)
-                verdict = decisions.verdict(
-                    check.facts, has_destination=has_destination, hold_seconds=hold
-                )
+                verdict = self._verdict(check.facts, has_destination)
                 if not isinstance(verdict, decisions.Send):
                     slot.give_back(failed=None)
                     return await self._without_request(row, verdict)
@@ -129,9 +126,7 @@ class Deliverer:
                 if isinstance(kept, gate.Stopped):
                     return await self._give_back(row)
                 return await self._defer(row, kept.reason, kept.seconds)
-            outcome, started_at, latency = await self._request(
-                channel, row, verdict.stale, secrets
-            )
+            outcome, started_at, latency = await self._request(channel, row, verdict.stale, secrets)
             slot.give_back(failed=outcome.kind is OutcomeKind.RETRY)
         finally:
             slot.give_back(failed=None)  # a no-op when already given back
@@ -141,8 +136,7 @@ class Deliverer:
         if outcome.kind is OutcomeKind.THROTTLED and self._pause is not None:
             await self._pause_provider(row.provider, outcome.retry_after_seconds or 1.0)
             self._metrics.throttles.add(1, labels)
-        if row.channel == "webhook":
-            await self._registry_outcome(row, outcome)
+        await self._registry_outcome(row, outcome)
         record = decisions.attempt_record(
             row, outcome, started_at=started_at, latency_seconds=latency, stale=verdict.stale
         )
@@ -161,6 +155,10 @@ class Deliverer:
                 extra={"event": "pause_not_shared", "error": type(exc).__name__},
             )
 
+    def _verdict(self, facts: SendFacts, has_destination: bool) -> decisions.Verdict:
+        hold = self._targets.hold_seconds
+        return decisions.verdict(facts, has_destination=has_destination, hold_seconds=hold)
+
     def _own_secrets(self, row: Claimed) -> tuple[str, ...] | None:
         """The destination's own secrets, decrypted (None: it has none; the channel's
         configured ones sign). ValueError when they cannot be opened: never sent unsigned
@@ -176,7 +174,8 @@ class Deliverer:
         """Tell the registry: a 410 disables at once; a failed attempt extends the
         destination's streak (which may disable it); an accepted one ends the streak."""
         url = row.destination
-        assert url is not None
+        if row.channel != "webhook" or url is None:
+            return
         if outcome.disable_destination:
             self._disabled(await self._store.disable_gone(url), "gone", None)
             return

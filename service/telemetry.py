@@ -173,9 +173,7 @@ def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
             "relay.delivery.poison", "{message}", "Malformed or unknown messages dead-lettered"
         ),
         destinations_disabled=meter.create_counter(
-            "relay.destinations.disabled",
-            "{destination}",
-            "Destinations disabled by the consumer (410 Gone, a failure streak), by reason",
+            "relay.destinations.disabled", "{destination}", "Destinations disabled, by reason"
         ),
     )
 

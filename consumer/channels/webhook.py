@@ -273,6 +273,35 @@ class WebhookChannel:
                 return f"{receipt} {name.lower()}={token}"
         return receipt
 
+    def _body(self, request: SendRequest) -> tuple[str, bytes, Outcome | None]:
+        """The body as sent (the payload, or its envelope), or why it cannot be sent."""
+        try:
+            # Compact and deterministic for a given payload; the exact string
+            # is what gets signed, so it is sent byte for byte.
+            body = json.dumps(
+                envelope_of(request) if request.envelope else request.payload,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+            )
+        except (TypeError, ValueError):
+            return "", b"", http.rejected("payload not json serializable")
+        # The envelope's own bytes (type, timestamp, keys) do not count against the
+        # payload's limit, which entry checked: what entered is sent, enveloped or not.
+        data = body.encode("utf-8")
+        if len(data) > self._config.max_request_bytes + (_ENVELOPE_ROOM if request.envelope else 0):
+            return "", b"", http.rejected("payload too large")
+        return body, data, None
+
+    def _headers_for(self, request: SendRequest, body: str) -> dict[str, str]:
+        return self._headers(
+            request.idempotency_key,
+            body,
+            stale=request.stale,
+            signers=self._signers_for(request.signing_secrets),
+            envelope=request.envelope,
+        )
+
     async def send(self, request: SendRequest) -> Outcome:
         """POST the payload once and classify the answer; never raises for failures."""
         cfg = self._config
@@ -287,22 +316,9 @@ class WebhookChannel:
             return http.rejected(problem or "url: malformed")
         if (bad_key := http.rejected_key(request.idempotency_key)) is not None:
             return bad_key
-        try:
-            # Compact and deterministic for a given payload; the exact string
-            # is what gets signed, so it is sent byte for byte.
-            body = json.dumps(
-                envelope_of(request) if request.envelope else request.payload,
-                separators=(",", ":"),
-                ensure_ascii=False,
-                allow_nan=False,
-            )
-        except (TypeError, ValueError):
-            return http.rejected("payload not json serializable")
-        data = body.encode("utf-8")
-        # The envelope's own bytes (type, timestamp, keys) do not count against the
-        # payload's limit, which entry checked: what entered is sent, enveloped or not.
-        if len(data) > cfg.max_request_bytes + (_ENVELOPE_ROOM if request.envelope else 0):
-            return http.rejected("payload too large")
+        body, data, refused = self._body(request)
+        if refused is not None:
+            return refused
 
         session = self._session.get()
         try:
@@ -311,13 +327,7 @@ class WebhookChannel:
                 url,
                 max_response_bytes=cfg.max_response_bytes,
                 data=data,
-                headers=self._headers(
-                    request.idempotency_key,
-                    body,
-                    stale=request.stale,
-                    signers=self._signers_for(request.signing_secrets),
-                    envelope=request.envelope,
-                ),
+                headers=self._headers_for(request, body),
             )
         except DestinationRefused as exc:
             return http.rejected(exc.reason)

@@ -123,23 +123,24 @@ def records() -> Iterator[Records]:
     logger.setLevel(level)
 
 
+STREAK = {
+    "destination_failure_streak": 3,
+    "destination_failure_span_seconds": 0.5,
+    "destination_hold_seconds": 1.0,
+    "max_attempts": 50,  # the streak, not the attempt budget, must stop the sends
+    # The circuit breaker would defer the sends (no attempt, no streak) for its cooldown:
+    # kept out of the way here, it is not what this test is about.
+    "breaker_failure_threshold": 1000,
+}
+
+
 @pytest.mark.timeout(120)
 async def test_a_failure_streak_disables_the_destination_holds_its_deliveries_then_enable_sends(
     keyed: Settings, pool: asyncpg.Pool, receivers: list[Receiver], records: Records
 ) -> None:
     failing, healthy = receivers
     failing.status = 503
-    settings = keyed.model_copy(
-        update={
-            "destination_failure_streak": 3,
-            "destination_failure_span_seconds": 0.5,
-            "destination_hold_seconds": 1.0,
-            "max_attempts": 50,  # the streak, not the attempt budget, must stop the sends
-            # The circuit breaker would defer the sends (no attempt, no streak) for its
-            # cooldown: kept out of the way here, it is not what this test is about.
-            "breaker_failure_threshold": 1000,
-        }
-    )
+    settings = keyed.model_copy(update=STREAK)
     await rs.load(pool, [rs.line(f"f{i}", failing.url()) for i in range(5)]
                   + [rs.line(f"h{i}", healthy.url()) for i in range(3)])  # fmt: skip
     assert (await rs.relay(settings, "publish")).code == 0
