@@ -201,3 +201,24 @@ async def test_no_secret_or_key_ever_reaches_a_log(
     seen = {(r["level"], r["event"]) for r in logged}  # the run was logged, at DEBUG
     assert {("DEBUG", "attempt"), ("INFO", "attempt"), ("WARNING", "destination_disabled")} <= seen
     assert [c[:12] for c in canaries if c in everything] == []
+
+
+async def test_the_encryption_key_is_rotated_without_changing_any_secret(
+    keyed: Settings, receivers: list[Receiver]
+) -> None:
+    from cryptography.fernet import Fernet
+    from pydantic import SecretStr
+
+    for receiver in receivers:
+        await add(keyed, receiver.url())
+    before = [await revealed(keyed, r.url()) for r in receivers]
+    old = keyed.destination_secrets_keys[0]
+    new = SecretStr(Fernet.generate_key().decode())
+    both = keyed.model_copy(update={"destination_secrets_keys": [new, old]})
+    rekeyed = await rs.relay(both, "destinations", "rekey", "--json")
+    assert rekeyed.code == 0, rekeyed.stderr
+    assert json.loads(rekeyed.stdout) == {"reencrypted": 2}
+    only_new = keyed.model_copy(update={"destination_secrets_keys": [new]})
+    assert [await revealed(only_new, r.url()) for r in receivers] == before
+    stale = await rs.relay(keyed, "destinations", "show", receivers[0].url(), "--reveal-secret")
+    assert stale.code == 2 and "RELAY_DESTINATION_SECRETS_KEYS" in stale.stderr

@@ -193,3 +193,25 @@ async def test_a_failure_streak_disables_the_destination_holds_its_deliveries_th
 
 async def _more(records: Records, n: int) -> bool:
     return len(records.events("deferred")) >= n
+
+
+async def test_an_operator_disables_and_enables_a_destination(
+    keyed: Settings, receivers: list[Receiver]
+) -> None:
+    url = receivers[0].url()
+    await add(keyed, url)
+    off = await rs.relay(keyed, "destinations", "disable", url, "--reason", "migrating", "--json")
+    assert off.code == 0, off.stderr
+    assert json.loads(off.stdout) == {"url": url, "disabled": True, "changed": True}
+    again = await rs.relay(keyed, "destinations", "disable", url, "--reason", "again", "--json")
+    assert json.loads(again.stdout)["changed"] is False
+    shown = json.loads((await rs.relay(keyed, "destinations", "show", url, "--json")).stdout)
+    assert (shown["state"], shown["disabled_reason"]) == ("disabled", "operator: migrating")
+    assert shown["disabled_at"] is not None
+    on = await rs.relay(keyed, "destinations", "enable", url, "--json")
+    assert on.code == 0 and json.loads(on.stdout)["enabled"] is True
+    assert (await rs.relay(keyed, "destinations", "enable", url)).code == 1  # not disabled
+    missing = await rs.relay(keyed, "destinations", "show", receivers[1].url())
+    assert missing.code == 1 and "no destination" in missing.stderr
+    refused = await rs.relay(keyed, "destinations", "add", "ftp://partner.example/x")
+    assert refused.code == 2
