@@ -17,7 +17,7 @@ from consumer import budget, delivery, gate, isolation, retry, store, worker
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
-from service import amqp, errors, netpolicy
+from service import amqp, destinations, errors, netpolicy
 from service.clock import SystemClock
 from service.crashpoints import CrashPoints
 from service.settings import Settings
@@ -144,6 +144,18 @@ def destination_guard(settings: Settings) -> isolation.DestinationGuard:
     )
 
 
+def targets(settings: Settings) -> delivery.DestinationPolicy:
+    """How the consumer opens destinations' secrets and when a failure streak disables."""
+    return delivery.DestinationPolicy(
+        vault=destinations.vault_from_keys(
+            [k.get_secret_value() for k in settings.destination_secrets_keys]
+        ),
+        failure_streak=settings.destination_failure_streak,
+        failure_span_seconds=settings.destination_failure_span_seconds,
+        hold_seconds=settings.destination_hold_seconds,
+    )
+
+
 def policy(settings: Settings) -> retry.RetryPolicy:
     return retry.RetryPolicy(
         base_seconds=settings.retry_base_seconds,
@@ -168,11 +180,8 @@ async def worker_for(
     on_broker_failure: Callable[[], None],
 ) -> worker.Worker:
     """The worker with everything it needs: budgets, store, gate, deliverer."""
-    budgets = budget.Budgets(
-        pool,
-        budget.parse_budgets(settings.budgets),
-        urgent_reserve_fraction=settings.budget_urgent_reserve,
-    )
+    specs = budget.parse_budgets(settings.budgets)
+    budgets = budget.Budgets(pool, specs, urgent_reserve_fraction=settings.budget_urgent_reserve)
     await budgets.setup()  # every replica writes the same configured budgets
     stopping = asyncio.Event()
     ledger_store = store.Store(
@@ -202,6 +211,7 @@ async def worker_for(
         clock=SystemClock(),
         budgets_pause=budgets.pause,
         crash=crash,
+        targets=targets(settings),
     )
     return worker.Worker(
         store=ledger_store,

@@ -47,18 +47,24 @@ class Hold:
 
 Verdict = Send | Skip | Refuse | Hold
 
-DISABLED_DESTINATION = "destination disabled (410 gone)"
+DISABLED_DESTINATION = "destination disabled"
+# How long a delivery to a disabled destination is parked by default (s).
+DISABLED_HOLD_SECONDS = 60.0
 
 
-def verdict(facts: SendFacts, *, has_destination: bool) -> Verdict:
-    """Whether a claimed row may be sent, given what the ledger says about it now."""
+def verdict(
+    facts: SendFacts, *, has_destination: bool, hold_seconds: float = DISABLED_HOLD_SECONDS
+) -> Verdict:
+    """Whether a claimed row may be sent, given what the ledger says about it now. A row
+    for a disabled destination is held (``hold_seconds``), never refused: it goes out
+    once the destination is enabled again."""
     if not facts.active or not has_destination:
         return Skip("cancelled")
     stale = facts.stale_after_seconds is not None and facts.age_seconds > facts.stale_after_seconds
     if stale and not facts.send_stale:
         return Skip("stale")
     if facts.destination_disabled:
-        return Refuse(DISABLED_DESTINATION)
+        return Hold(DISABLED_DESTINATION, hold_seconds)
     if facts.provider_paused_seconds > 0:
         return Hold("provider paused", facts.provider_paused_seconds)
     return Send(stale=stale)

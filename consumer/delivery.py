@@ -16,6 +16,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,14 +25,27 @@ from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
 from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Redelay
 from consumer.retry import Action, RetryPolicy
 from consumer.store import Store
-from service import amqp, logs
+from service import amqp, destinations, logs
 from service.clock import Clock
 from service.crashpoints import CrashPoints
 from service.errors import Abandoned
-from service.ledger import Attempt, Claimed
+from service.ledger import Attempt, Claimed, SendFacts
 from service.telemetry import Metrics
 
 log = logs.get("consumer")
+
+
+@dataclass(frozen=True)
+class DestinationPolicy:
+    """What the consumer does with the destinations registry (``service.destinations``)."""
+
+    vault: destinations.Vault | None = field(default=None, repr=False)  # opens own secrets
+    failure_streak: int = 0  # failed attempts in a row that disable a destination (0: never)
+    failure_span_seconds: float = 0.0  # ... once the streak spans at least this long
+    hold_seconds: float = decisions.DISABLED_HOLD_SECONDS  # a held delivery looks again
+
+
+_UNREADABLE = "destination secret unreadable"
 
 # A row claimed this recently is not read again before its request: nothing waited.
 _RECHECK_AFTER_SECONDS = 0.05
@@ -54,6 +68,7 @@ class Deliverer:
         rng: Callable[[], float] = random.random,
         crash: CrashPoints | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        targets: DestinationPolicy | None = None,
     ) -> None:
         self._store = store
         self._gate = gate
@@ -66,19 +81,26 @@ class Deliverer:
         self._crash = crash or CrashPoints()
         self._now = monotonic
         self._unconfigured_logged: dict[str, float] = {}
+        self._targets = targets or DestinationPolicy()
+        self._failing: set[str] = set()  # destinations this process saw fail lately
 
     async def deliver(
         self, row: Claimed, *, claimed_at: float, no_new_requests: asyncio.Event
     ) -> Disposition:
         """Attempt ``row`` (claimed at monotonic ``claimed_at``); what to do with its message."""
         has_destination = row.destination is not None and row.payload is not None
-        verdict = decisions.verdict(row.facts, has_destination=has_destination)
+        verdict = self._verdict(row.facts, has_destination)
         if not isinstance(verdict, decisions.Send):
             return await self._without_request(row, verdict)
         channel = self._channels.get(row.channel)
         if channel is None:
             self._log_unconfigured(row.channel)
             return await self._defer(row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS)
+        try:
+            secrets = self._own_secrets(row)
+        except ValueError:
+            self._log_unreadable(row.id)
+            return await self._defer(row, _UNREADABLE, self._targets.hold_seconds)
         admitted = await self._gate.admit(
             row, claimed_at=claimed_at, no_new_requests=no_new_requests
         )
@@ -92,7 +114,7 @@ class Deliverer:
                 check = await self._store.check(row.id, row.attempts)
                 if check is None or not check.claim_held:
                     return await self._claim_lost(row)
-                verdict = decisions.verdict(check.facts, has_destination=has_destination)
+                verdict = self._verdict(check.facts, has_destination)
                 if not isinstance(verdict, decisions.Send):
                     slot.give_back(failed=None)
                     return await self._without_request(row, verdict)
@@ -104,7 +126,7 @@ class Deliverer:
                 if isinstance(kept, gate.Stopped):
                     return await self._give_back(row)
                 return await self._defer(row, kept.reason, kept.seconds)
-            outcome, started_at, latency = await self._request(channel, row, verdict.stale)
+            outcome, started_at, latency = await self._request(channel, row, verdict.stale, secrets)
             slot.give_back(failed=outcome.kind is OutcomeKind.RETRY)
         finally:
             slot.give_back(failed=None)  # a no-op when already given back
@@ -114,9 +136,7 @@ class Deliverer:
         if outcome.kind is OutcomeKind.THROTTLED and self._pause is not None:
             await self._pause_provider(row.provider, outcome.retry_after_seconds or 1.0)
             self._metrics.throttles.add(1, labels)
-        if outcome.disable_destination:
-            assert row.destination is not None
-            await self._store.disable_destination(row.destination, outcome.error or "410 gone")
+        await self._registry_outcome(row, outcome)
         record = decisions.attempt_record(
             row, outcome, started_at=started_at, latency_seconds=latency, stale=verdict.stale
         )
@@ -135,8 +155,65 @@ class Deliverer:
                 extra={"event": "pause_not_shared", "error": type(exc).__name__},
             )
 
+    def _verdict(self, facts: SendFacts, has_destination: bool) -> decisions.Verdict:
+        hold = self._targets.hold_seconds
+        return decisions.verdict(facts, has_destination=has_destination, hold_seconds=hold)
+
+    def _own_secrets(self, row: Claimed) -> tuple[str, ...] | None:
+        """The destination's own secrets, decrypted (None: it has none; the channel's
+        configured ones sign). ValueError when they cannot be opened: never sent unsigned
+        or signed with another's secret."""
+        if not row.target.secrets:
+            return None
+        vault = self._targets.vault
+        if vault is None:
+            raise ValueError("no RELAY_DESTINATION_SECRETS_KEYS")
+        return tuple(vault.decrypt(token) for token in row.target.secrets)
+
+    async def _registry_outcome(self, row: Claimed, outcome: Outcome) -> None:
+        """Tell the registry: a 410 disables at once; a failed attempt extends the
+        destination's streak (which may disable it); an accepted one ends the streak."""
+        url = row.destination
+        if row.channel != "webhook" or url is None:
+            return
+        if outcome.disable_destination:
+            self._disabled(await self._store.disable_gone(url), "gone", None)
+            return
+        failed = outcome.kind is OutcomeKind.RETRY or (
+            outcome.kind is OutcomeKind.REJECTED and outcome.http_status is not None
+        )
+        if failed:
+            if len(self._failing) >= 10_000:
+                self._failing.clear()
+            self._failing.add(url)
+            targets = self._targets
+            streak = await self._store.destination_failed(
+                url, targets.failure_streak, targets.failure_span_seconds
+            )
+            if streak is not None and streak.disabled_now:
+                self._disabled(streak.destination_id, "failure_streak", streak.failures)
+        elif outcome.kind is OutcomeKind.ACCEPTED and (
+            row.target.failure_streak > 0 or url in self._failing
+        ):
+            self._failing.discard(url)
+            await self._store.destination_succeeded(url)
+
+    def _disabled(self, destination_id: int | None, reason: str, failures: int | None) -> None:
+        if destination_id is None:
+            return  # already disabled (another replica, an operator)
+        self._metrics.destinations_disabled.add(1, {"reason": reason})
+        log.warning(
+            "destination disabled; its deliveries are held until `relay destinations enable`",
+            extra={
+                "event": "destination_disabled",
+                "destination_id": destination_id,
+                "reason": reason,
+                "failures": failures,
+            },
+        )
+
     async def _request(
-        self, channel: Channel, row: Claimed, stale: bool
+        self, channel: Channel, row: Claimed, stale: bool, secrets: tuple[str, ...] | None
     ) -> tuple[Outcome, datetime, float]:
         assert row.destination is not None and row.payload is not None
         started_at = self._clock.now()  # recorded: the moment the request goes out
@@ -150,6 +227,9 @@ class Deliverer:
                 attempt=row.attempts,
                 occurrence_at=row.occurrence_at,
                 stale=stale,
+                signing_secrets=secrets,
+                envelope=row.target.envelope,
+                event_type=row.target.event_type or destinations.DEFAULT_EVENT_TYPE,
             )
         )
         return outcome, started_at, self._now() - started
@@ -264,6 +344,17 @@ class Deliverer:
             extra={"event": "claim_lost", **_fields(row)},
         )
         return Ack()
+
+    def _log_unreadable(self, delivery_id: int) -> None:
+        now = self._now()
+        last = self._unconfigured_logged.get(_UNREADABLE)
+        if last is None or now - last > _UNCONFIGURED_LOG_EVERY_SECONDS:
+            self._unconfigured_logged[_UNREADABLE] = now
+            log.error(
+                "a destination's own secrets cannot be decrypted (RELAY_DESTINATION_SECRETS_KEYS "
+                "lacks their key); its deliveries are held",
+                extra={"event": "destination_secret_unreadable", "delivery_id": delivery_id},
+            )
 
     def _log_unconfigured(self, channel: str) -> None:
         now = self._now()

@@ -28,6 +28,8 @@ async def sample_once(
 ) -> None:
     states = {r["state"]: r["n"] for r in await pool.fetch(db.q("overall_state_counts"))}
     snapshot.states = {state.value: states.get(state, 0) for state in ledger.State}
+    found = {r["state"]: r["n"] for r in await pool.fetch(db.q("destination_state_counts"))}
+    snapshot.destinations = {state: found.get(state, 0) for state in ("enabled", "disabled")}
     snapshot.oldest_claimable_seconds = float(
         await pool.fetchval(db.q("oldest_claimable_age")) or 0.0
     )

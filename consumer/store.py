@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from consumer.outage import DatabaseWatch
-from service import ledger
+from service import destinations, ledger
 from service.batching import Batcher
 from service.ledger import Claimed, Completion, SendCheck, State, Unclaimable
 
@@ -89,8 +89,26 @@ class Store:
     async def mark_dead_lettered(self, delivery_id: int, attempt: int) -> None:
         await self._watch.run(lambda: ledger.mark_dead_lettered(self._pool, delivery_id, attempt))
 
-    async def disable_destination(self, destination: str, reason: str) -> None:
-        await self._watch.run(lambda: ledger.disable_destination(self._pool, destination, reason))
+    async def disable_gone(self, destination: str) -> int | None:
+        """A 410 Gone: the destination is disabled; its id if this call disabled it."""
+
+        async def statement() -> int | None:
+            async with self._pool.acquire() as conn:
+                return await destinations.disable_gone(conn, destination)
+
+        return await self._watch.run(statement)
+
+    async def destination_failed(
+        self, destination: str, failures: int, span_seconds: float
+    ) -> destinations.Streak | None:
+        return await self._watch.run(
+            lambda: destinations.record_failure(
+                self._pool, destination, failures=failures, span_seconds=span_seconds
+            )
+        )
+
+    async def destination_succeeded(self, destination: str) -> None:
+        await self._watch.run(lambda: destinations.record_success(self._pool, destination))
 
     # ---------------------------------------------------------------- grouped flushes
 

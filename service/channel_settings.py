@@ -23,6 +23,39 @@ class ChannelSettings(BaseSettings):
         description="Standard Webhooks secrets (whsec_...), comma-separated; several during "
         "rotation. Empty: requests are not signed.",
     )
+    destination_secrets_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default=[],
+        description="Fernet keys (urlsafe base64 of 32 bytes), comma-separated, that encrypt "
+        "the destinations' own signing secrets at rest: the first encrypts, every one "
+        "decrypts (key rotation: put the new key first, run `relay destinations rekey`, "
+        "then drop the old one). Empty: destinations get no secret of their own and are "
+        "signed with RELAY_WEBHOOK_SIGNING_SECRETS.",
+    )
+    destinations_registered_only: bool = Field(
+        default=False,
+        description="Refuse a reminder or outbox intent whose webhook destination is not "
+        "registered (`relay destinations add`), instead of registering it on first use.",
+    )
+    destination_failure_streak: int = Field(
+        default=10,
+        ge=0,
+        description="Consecutive failed attempts (5xx, timeouts, connection failures, "
+        "4xx answers) after which a destination is disabled, once the streak also spans "
+        "RELAY_DESTINATION_FAILURE_SPAN_SECONDS. 0: never.",
+    )
+    destination_failure_span_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="The least time a failure streak must span before it disables its "
+        "destination (s), so a short outage does not.",
+    )
+    destination_hold_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a delivery to a disabled destination is parked before it "
+        "looks again (s); no attempt is counted. `relay destinations enable` makes held "
+        "deliveries due, so they go out within this time.",
+    )
     email_api_base_url: str = Field(
         default="https://api.resend.com",
         description="Base URL of the HTTP email API (Resend-style POST /emails).",
@@ -58,6 +91,30 @@ class ChannelSettings(BaseSettings):
     def _split_secrets(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("destination_secrets_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("destination_secrets_keys")
+    @classmethod
+    def _keys_are_fernet_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        from cryptography.fernet import Fernet
+
+        for index, key in enumerate(value):
+            try:
+                Fernet(key.get_secret_value().encode())
+            except ValueError:
+                # Never echo the key itself.
+                raise ValueError(
+                    f"key {index + 1} is not a Fernet key (urlsafe base64 of 32 bytes; make "
+                    "one with `python -c 'from cryptography.fernet import Fernet; "
+                    "print(Fernet.generate_key().decode())'`)"
+                ) from None
         return value
 
     @field_validator("email_sender")

@@ -80,6 +80,16 @@ def provider_problem(value: object) -> str | None:
     return None
 
 
+_EVENT_TYPE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def event_type_problem(value: object) -> str | None:
+    """Why ``value`` cannot be an envelope's event type (``reminder.due``), or None."""
+    if not isinstance(value, str) or not _EVENT_TYPE.fullmatch(value):
+        return "use 1 to 100 characters: ASCII letters and digits, '.', '_' and '-'"
+    return None
+
+
 # --------------------------------------------------------------------------------- text
 
 

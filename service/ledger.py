@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -61,6 +61,16 @@ class SendFacts:
 
 
 @dataclass(frozen=True)
+class Target:
+    """What a webhook row's destination asks of its request, read with the claim."""
+
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # valid, encrypted, newest first
+    envelope: bool = False  # the Standard Webhooks event envelope
+    event_type: str | None = None  # the envelope's type (None: the default)
+    failure_streak: int = 0  # the destination's failed attempts in a row, at the claim
+
+
+@dataclass(frozen=True)
 class Claimed:
     """A row this consumer now holds in 'sending', with what the send needs."""
 
@@ -79,6 +89,7 @@ class Claimed:
     payload: dict[str, Any] | None
     payload_version: int | None
     facts: SendFacts
+    target: Target = Target()
 
     @property
     def attempt_in_round(self) -> int:
@@ -179,8 +190,9 @@ def _facts(r: asyncpg.Record) -> SendFacts:
 
 
 def _claimed(r: asyncpg.Record) -> Claimed:
-    fields = {f.name: r[f.name] for f in dataclasses.fields(Claimed) if f.name != "facts"}
-    return Claimed(**fields, facts=_facts(r))
+    names = (f.name for f in dataclasses.fields(Claimed) if f.name not in ("facts", "target"))
+    target = Target(tuple(r["secrets"]), r["envelope"], r["event_type"], r["failure_streak"])
+    return Claimed(**{n: r[n] for n in names}, facts=_facts(r), target=target)
 
 
 async def claim(
@@ -275,20 +287,6 @@ async def release(
     """sending -> retrying at ``retry_at`` (or queued, due now, without one), without
     counting the attempt: the request was never made."""
     return await executor.fetchval(q("release"), delivery_id, attempt, retry_at) is not None
-
-
-async def disable_destination(executor: Executor, destination: str, reason: str) -> None:
-    """A receiver said 410 Gone: refuse sends to it and stop its reminders."""
-    await executor.execute(q("disable_destination"), destination, reason)
-
-
-async def enable_destination(conn: Connection, destination: str) -> int | None:
-    """Accept sends to a disabled destination again and reactivate its reminders, in one
-    transaction; how many reminders came back, or None if it was not disabled."""
-    async with conn.transaction():
-        if await conn.fetchval(q("enable_destination"), destination) is None:
-            return None
-        return int(await conn.fetchval(q("reactivate_destination_reminders"), destination))
 
 
 async def cancel_reminder(executor: Executor, reminder_id: str) -> bool:

@@ -74,7 +74,7 @@ from typing import Any, Literal, get_args
 
 import asyncpg
 
-from service import entry, errors, ledger, netpolicy
+from service import destinations, entry, errors, ledger, netpolicy
 from service.db import q
 
 OutboxChannel = Literal["webhook", "email", "sms"]
@@ -146,6 +146,8 @@ async def add_intent(
     provider: str | None = None,
     urgent: bool = False,
     allow_networks: netpolicy.AllowList = (),
+    event_type: str | None = None,
+    registration: destinations.Registration | None = None,
 ) -> int | None:
     """Add a pending delivery intent inside the caller's open transaction.
 
@@ -153,7 +155,13 @@ async def add_intent(
     never a random id: a key that already exists inserts nothing. The module docstring
     shows the call and says what is checked. ``allow_networks`` are the networks a
     webhook destination may resolve to although not public (the consumer's
-    ``RELAY_ALLOW_NETWORKS``); by default only public addresses.
+    ``RELAY_ALLOW_NETWORKS``); by default only public addresses. A webhook destination
+    is normalised and, if unknown, registered in this transaction (with a fresh secret
+    when ``registration`` has a vault) or refused (``registration.registered_only``:
+    pass ``destinations.Registration.of(settings.destinations_registered_only,
+    settings.destination_secrets_keys)`` to follow the relay's settings).
+    ``event_type`` is the type of the Standard Webhooks envelope, for destinations that
+    have it on (default ``reminder.due``).
 
     Returns the new delivery id, or None when the key already exists.
 
@@ -173,13 +181,21 @@ async def add_intent(
             "(async with conn.transaction(): ...)"
         )
     _check(key, channel, destination, payload, provider, allow_networks)
+    if event_type is not None and (problem := entry.event_type_problem(event_type)):
+        raise InvalidIntentError(f"event_type: {problem}")
     if channel == "webhook":
         refused = await entry.resolved_problem(
             destination, allow_networks, timeout_seconds=DNS_CHECK_SECONDS
         )
         if refused is not None:
             raise InvalidIntentError(f"destination: {refused}")
-    return await _insert(conn, key, channel, destination, payload, provider, urgent)
+        destination = destinations.normalise(destination)
+        unknown = await destinations.enter(
+            conn, [destination], registration or destinations.Registration()
+        )
+        if unknown:
+            raise InvalidIntentError(f"destination: {destinations.NOT_REGISTERED}")
+    return await _insert(conn, key, channel, destination, payload, provider, urgent, event_type)
 
 
 async def _insert(
@@ -190,6 +206,7 @@ async def _insert(
     payload: dict[str, Any],
     provider: str | None,
     urgent: bool,
+    event_type: str | None,
 ) -> int | None:
     """Insert the intent (a pending delivery due now); its id, or None if the key exists."""
     encoded = True
@@ -203,6 +220,7 @@ async def _insert(
             payload,
             None,  # occurrence_at: the transaction's time (now())
             urgent,
+            event_type,
         )
     except asyncpg.DataError:
         # Client-side encoding failed, so nothing reached the server and the caller's

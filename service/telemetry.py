@@ -42,6 +42,7 @@ class Snapshot:
 
     queue_depth: dict[str, int] = field(default_factory=dict)  # queue -> ready messages
     states: dict[str, int] = field(default_factory=dict)  # ledger state -> rows
+    destinations: dict[str, int] = field(default_factory=dict)  # enabled/disabled -> count
     oldest_claimable_seconds: float = 0.0
     latest_run_completion: float | None = None
     latest_run_age_seconds: float | None = None
@@ -66,6 +67,7 @@ class Metrics:
     skipped: Counter
     redelays: Counter
     poison: Counter
+    destinations_disabled: Counter
     # Publish runs, rescue and replay: recorded by the publisher's commands.
     replays: Counter
     rescues: Counter
@@ -103,6 +105,7 @@ class _DeliveryInstruments(TypedDict):
     skipped: Counter
     redelays: Counter
     poison: Counter
+    destinations_disabled: Counter
 
 
 class _RunInstruments(TypedDict):
@@ -169,6 +172,9 @@ def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
         poison=meter.create_counter(
             "relay.delivery.poison", "{message}", "Malformed or unknown messages dead-lettered"
         ),
+        destinations_disabled=meter.create_counter(
+            "relay.destinations.disabled", "{destination}", "Destinations disabled, by reason"
+        ),
     )
 
 
@@ -226,6 +232,12 @@ def _register_gauges(meter: Meter, snapshot: Snapshot) -> None:
         "{delivery}",
         "Ledger rows by state",
         lambda: [Observation(n, {"state": s}) for s, n in snapshot.states.items()],
+    )
+    gauge(
+        "relay.destinations",
+        "{destination}",
+        "Registered webhook destinations by state (enabled, disabled)",
+        lambda: [Observation(n, {"state": s}) for s, n in snapshot.destinations.items()],
     )
     gauge(
         "relay.deliveries.oldest_claimable.age",

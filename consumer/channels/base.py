@@ -8,7 +8,7 @@ budgets) belongs to the retry policy, persistence to the consume loop.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -33,6 +33,11 @@ class SendRequest:
     attempt: int
     occurrence_at: datetime
     stale: bool = False  # sent although older than the reminder's stale_after
+    # The destination's own signing secrets ('whsec_...', decrypted); None: the channel's
+    # configured ones (RELAY_WEBHOOK_SIGNING_SECRETS). Never in a repr.
+    signing_secrets: tuple[str, ...] | None = field(default=None, repr=False)
+    envelope: bool = False  # wrap the payload in the Standard Webhooks event envelope
+    event_type: str = "reminder.due"  # the envelope's type
 
 
 @dataclass(frozen=True)

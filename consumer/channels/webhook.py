@@ -50,9 +50,26 @@ from service.netpolicy import (
     url_problem,
 )
 
-__all__ = ["PolicyResolver", "WebhookChannel", "WebhookConfig"]
+__all__ = ["PolicyResolver", "WebhookChannel", "WebhookConfig", "envelope_of"]
 
 _SECRET_PREFIX = "whsec_"
+# The optional event envelope: {"type", "timestamp", "data"} (Standard Webhooks), and the
+# header that names the version of that body's schema.
+SCHEMA_VERSION_HEADER = "webhook-schema-version"
+ENVELOPE_SCHEMA_VERSION = "1"
+# Room for the envelope around a payload: '{"type":"<=100 chars","timestamp":"...","data":}'.
+_ENVELOPE_ROOM = 256
+
+
+def envelope_of(request: SendRequest) -> dict[str, object]:
+    """The Standard Webhooks event envelope of a request: its type, the occurrence's time
+    (RFC 3339, UTC) and the payload as ``data``."""
+    at = request.occurrence_at.astimezone(UTC)
+    return {
+        "type": request.event_type,
+        "timestamp": at.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        "data": request.payload,
+    }
 
 
 def _decode_secret(secret: str) -> bytes:
@@ -162,6 +179,7 @@ class WebhookChannel:
     ) -> None:
         self._config = config
         self._signers = tuple(Webhook(secret) for secret in config.signing_secrets)
+        self._own_signers: dict[str, Webhook] = {}  # a destination's secret -> its signer
         self._inner_resolver = resolver
         self._session = http.SharedSession(
             channel=self.name,
@@ -201,7 +219,30 @@ class WebhookChannel:
             return None, problem
         return url, None
 
-    def _headers(self, key: str, body: str, *, stale: bool = False) -> dict[str, str]:
+    def _signers_for(self, secrets: tuple[str, ...] | None) -> tuple[Webhook, ...]:
+        """The destination's own secrets sign its requests (only they: another partner's
+        secret, or the shared one, must not verify them); without any, the configured ones."""
+        if secrets is None:
+            return self._signers
+        signers = []
+        for secret in secrets:
+            signer = self._own_signers.get(secret)
+            if signer is None:
+                if len(self._own_signers) >= 10_000:
+                    self._own_signers.clear()
+                signer = self._own_signers[secret] = Webhook(secret)
+            signers.append(signer)
+        return tuple(signers)
+
+    def _headers(
+        self,
+        key: str,
+        body: str,
+        *,
+        stale: bool = False,
+        signers: tuple[Webhook, ...] = (),
+        envelope: bool = False,
+    ) -> dict[str, str]:
         timestamp = int(time.time())
         signed_at = datetime.fromtimestamp(timestamp, UTC)
         headers = {
@@ -214,11 +255,13 @@ class WebhookChannel:
         if stale:
             # Sent although older than the reminder's stale_after: the receiver decides.
             headers["X-Relay-Stale"] = "true"
-        if self._signers:
+        if envelope:
+            headers[SCHEMA_VERSION_HEADER] = ENVELOPE_SCHEMA_VERSION
+        if signers:
             # The standardwebhooks library signs f"{id}.{timestamp}.{body}"; it
             # floors the datetime to whole seconds, matching the header above.
             headers["webhook-signature"] = " ".join(
-                signer.sign(key, signed_at, body) for signer in self._signers
+                signer.sign(key, signed_at, body) for signer in signers
             )
         return headers
 
@@ -229,6 +272,35 @@ class WebhookChannel:
             if token is not None:
                 return f"{receipt} {name.lower()}={token}"
         return receipt
+
+    def _body(self, request: SendRequest) -> tuple[str, bytes, Outcome | None]:
+        """The body as sent (the payload, or its envelope), or why it cannot be sent."""
+        try:
+            # Compact and deterministic for a given payload; the exact string
+            # is what gets signed, so it is sent byte for byte.
+            body = json.dumps(
+                envelope_of(request) if request.envelope else request.payload,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+            )
+        except (TypeError, ValueError):
+            return "", b"", http.rejected("payload not json serializable")
+        # The envelope's own bytes (type, timestamp, keys) do not count against the
+        # payload's limit, which entry checked: what entered is sent, enveloped or not.
+        data = body.encode("utf-8")
+        if len(data) > self._config.max_request_bytes + (_ENVELOPE_ROOM if request.envelope else 0):
+            return "", b"", http.rejected("payload too large")
+        return body, data, None
+
+    def _headers_for(self, request: SendRequest, body: str) -> dict[str, str]:
+        return self._headers(
+            request.idempotency_key,
+            body,
+            stale=request.stale,
+            signers=self._signers_for(request.signing_secrets),
+            envelope=request.envelope,
+        )
 
     async def send(self, request: SendRequest) -> Outcome:
         """POST the payload once and classify the answer; never raises for failures."""
@@ -244,17 +316,9 @@ class WebhookChannel:
             return http.rejected(problem or "url: malformed")
         if (bad_key := http.rejected_key(request.idempotency_key)) is not None:
             return bad_key
-        try:
-            # Compact and deterministic for a given payload; the exact string
-            # is what gets signed, so it is sent byte for byte.
-            body = json.dumps(
-                request.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-            )
-        except (TypeError, ValueError):
-            return http.rejected("payload not json serializable")
-        data = body.encode("utf-8")
-        if len(data) > cfg.max_request_bytes:
-            return http.rejected("payload too large")
+        body, data, refused = self._body(request)
+        if refused is not None:
+            return refused
 
         session = self._session.get()
         try:
@@ -263,7 +327,7 @@ class WebhookChannel:
                 url,
                 max_response_bytes=cfg.max_response_bytes,
                 data=data,
-                headers=self._headers(request.idempotency_key, body, stale=request.stale),
+                headers=self._headers_for(request, body),
             )
         except DestinationRefused as exc:
             return http.rejected(exc.reason)

@@ -41,8 +41,14 @@ HANDLERS = {
     "pause": "service.ops.commands:pause",
     "resume": "service.ops.commands:resume",
     "partner": "service.ops.commands:partner",
-    "destinations.list": "service.ops.commands:destinations_list",
-    "destinations.enable": "service.ops.commands:destinations_enable",
+    "destinations.add": "service.ops.destinations:add",
+    "destinations.show": "service.ops.destinations:show",
+    "destinations.list": "service.ops.destinations:list_",
+    "destinations.rotate-secret": "service.ops.destinations:rotate_secret",
+    "destinations.disable": "service.ops.destinations:disable",
+    "destinations.enable": "service.ops.destinations:enable",
+    "destinations.envelope": "service.ops.destinations:envelope",
+    "destinations.rekey": "service.ops.destinations:rekey",
     "demo": "service.ops.demo:main",
     "publish": "publisher.commands:publish",
     "rescue": "publisher.commands:rescue",
@@ -240,22 +246,9 @@ def _add_status(sub: Subcommands) -> None:
 
 
 def _add_destinations(sub: Subcommands) -> None:
-    dst = _command(
-        sub,
-        "destinations",
-        "destinations disabled by a 410 Gone",
-        "relay destinations list",
-        "relay destinations enable https://partner.example/hooks/r",
-    )
-    dsub = dst.add_subparsers(dest="action", required=True, metavar="ACTION")
-    _command(dsub, "list", "list disabled destinations", "relay destinations list")
-    enable = _command(
-        dsub,
-        "enable",
-        "enable a destination again (reactivate reminders)",
-        "relay destinations enable https://partner.example/hooks/r",
-    )
-    enable.add_argument("destination", help="the destination exactly as listed")
+    from service.ops import destinations
+
+    destinations.add_parser(sub, _command)
 
 
 def _add_partner_and_demo(sub: Subcommands) -> None:

@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import asyncpg
 
-from service import db, errors, ledger, netpolicy, runs, schedule
+from service import db, destinations, errors, ledger, netpolicy, runs, schedule
 from service.ops import partner as partner_mod
 from service.ops import reminders
 from service.ops import status as status_mod
@@ -57,7 +57,11 @@ async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
     try:
         async with _pool(settings) as pool:
             lines = reminders.read_lines(source)
-            count = await reminders.load(pool, lines, allow)  # streamed, chunk by chunk
+            registration = destinations.Registration.of(
+                settings.destinations_registered_only, settings.destination_secrets_keys
+            )
+            # Streamed, chunk by chunk; unknown webhook destinations registered (or refused).
+            count = await reminders.load(pool, lines, allow, registration=registration)
     finally:
         if args.file != "-":
             source.close()
@@ -199,27 +203,4 @@ async def partner(args: argparse.Namespace, settings: Settings) -> int:
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
-    return errors.ExitCode.OK
-
-
-async def destinations_list(args: argparse.Namespace, settings: Settings) -> int:
-    async with _pool(settings) as pool:
-        rows = await pool.fetch(db.q("list_disabled_destinations"))
-    if not rows:
-        print("no disabled destinations")
-    for r in rows:
-        print(f"{r['disabled_at']:%Y-%m-%d %H:%M:%S}  {r['destination']}  ({r['reason']})")
-    return errors.ExitCode.OK
-
-
-async def destinations_enable(args: argparse.Namespace, settings: Settings) -> int:
-    async with _pool(settings) as pool, pool.acquire() as conn:
-        count = await ledger.enable_destination(conn, args.destination)
-    if count is None:
-        print(f"relay: {args.destination!r} is not disabled", file=sys.stderr)
-        return errors.ExitCode.INCOMPLETE
-    print(
-        f"enabled; {count} reminders reactivated (their next occurrence is recomputed "
-        "by their missed-fire policy)"
-    )
     return errors.ExitCode.OK

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from service import db, entry, errors, limits, netpolicy, schedule
+from service import db, destinations, entry, errors, limits, netpolicy, schedule
 
 MAX_REPORTED_ERRORS = 20
 UPSERT_BATCH = 5000  # lines per chunk, at most
@@ -63,6 +63,7 @@ class ReminderLine(BaseModel):
     send_stale: bool = False
     urgent: bool = False
     provider: str | None = None
+    event_type: str | None = None  # the envelope's type (default reminder.due)
 
     @field_validator("id")
     @classmethod
@@ -76,6 +77,14 @@ class ReminderLine(BaseModel):
     @classmethod
     def _provider_name(cls, value: str | None) -> str | None:
         problem = None if value is None else entry.provider_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("event_type")
+    @classmethod
+    def _event_type(cls, value: str | None) -> str | None:
+        problem = None if value is None else entry.event_type_problem(value)
         if problem is not None:
             raise ValueError(problem)
         return value
@@ -304,6 +313,7 @@ async def load(
     lines: Iterable[str | bytes],
     allow: netpolicy.AllowList,
     now: datetime | None = None,
+    registration: destinations.Registration | None = None,
 ) -> int:
     """Validate and upsert a whole file in one transaction; return the number of lines.
 
@@ -321,6 +331,7 @@ async def load(
         for chunk in _chunks(enumerate(lines, start=1)):
             items = parse_lines(chunk, when, allow, seen, problems)
             await check_destinations(items, allow, verdicts, problems)
+            await _enter_destinations(conn, items, registration, problems)
             if not problems.count and items:
                 await conn.execute(db.q("upsert_reminders"), *_columns(items))
                 loaded += len(items)
@@ -328,12 +339,34 @@ async def load(
     return loaded
 
 
+async def _enter_destinations(
+    conn: destinations.Connection,
+    items: list[Prepared],
+    registration: destinations.Registration | None,
+    problems: Problems,
+) -> None:
+    """Register the chunk's unknown webhook destinations, or refuse their lines when only
+    registered ones may be named (``service.destinations.enter``)."""
+    webhooks = [i for i in items if i.line.channel == "webhook"]
+    urls = [destinations.normalise(i.line.destination) for i in webhooks]
+    refused = await destinations.enter(conn, urls, registration or destinations.Registration())
+    for item, url in zip(webhooks, urls, strict=True):
+        if url in refused:
+            problems.add(item.number, destinations.NOT_REGISTERED)
+
+
+def _destination(line: ReminderLine) -> str:
+    if line.channel != "webhook":
+        return line.destination
+    return destinations.normalise(line.destination)
+
+
 def _columns(chunk: list[Prepared]) -> list[list[Any]]:
     lines = [p.line for p in chunk]
     return [
         [x.id for x in lines],
         [x.channel for x in lines],
-        [x.destination for x in lines],
+        [_destination(x) for x in lines],
         [x.payload for x in lines],
         [x.schedule().kind for x in lines],
         [x.due_at for x in lines],
@@ -346,4 +379,5 @@ def _columns(chunk: list[Prepared]) -> list[list[Any]]:
         [x.urgent for x in lines],
         [x.provider or x.channel for x in lines],
         [p.next_due_at for p in chunk],
+        [x.event_type for x in lines],
     ]

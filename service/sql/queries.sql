@@ -35,14 +35,15 @@ SELECT now();
 -- payload bumps payload_version, which the consumer records on the attempt.
 INSERT INTO reminders AS r (id, channel, destination, payload, schedule_kind, due_at, daily_at,
                             cron, timezone, missed_policy, stale_after, send_stale, urgent,
-                            provider, active, next_due_at)
+                            provider, active, next_due_at, event_type)
 SELECT t.id, t.channel, t.destination, t.payload, t.kind, t.due_at, t.daily_at, t.cron, t.tz,
-       t.policy, t.stale_after, t.send_stale, t.urgent, t.provider, true, t.next_due_at
+       t.policy, t.stale_after, t.send_stale, t.urgent, t.provider, true, t.next_due_at,
+       t.event_type
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::timestamptz[],
             $7::time[], $8::text[], $9::text[], $10::text[], $11::interval[], $12::bool[],
-            $13::bool[], $14::text[], $15::timestamptz[])
+            $13::bool[], $14::text[], $15::timestamptz[], $16::text[])
      AS t(id, channel, destination, payload, kind, due_at, daily_at, cron, tz, policy,
-          stale_after, send_stale, urgent, provider, next_due_at)
+          stale_after, send_stale, urgent, provider, next_due_at, event_type)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel,
     destination = excluded.destination,
@@ -59,6 +60,7 @@ ON CONFLICT (id) DO UPDATE SET
     send_stale = excluded.send_stale,
     urgent = excluded.urgent,
     provider = excluded.provider,
+    event_type = excluded.event_type,
     active = true,
     next_due_at = CASE
         WHEN (r.schedule_kind, r.due_at, r.daily_at, r.cron, r.timezone)
@@ -149,8 +151,8 @@ RETURNING id, urgent, state, occurrence_at;
 -- name: insert_outbox_intent
 -- The outbox API: runs inside the caller's own transaction.
 INSERT INTO deliveries (idempotency_key, source, channel, provider, destination, payload,
-                        occurrence_at, urgent)
-VALUES ($1, 'outbox', $2, $3, $4, $5, coalesce($6, now()), $7)
+                        occurrence_at, urgent, event_type)
+VALUES ($1, 'outbox', $2, $3, $4, $5, coalesce($6, now()), $7, $8)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -201,7 +203,7 @@ WITH target AS (
     WHERE d.id = t.id
     RETURNING d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
               d.destination, d.payload, d.occurrence_at, d.urgent, d.attempts, d.round_start,
-              d.run_id, t.prior_state
+              d.run_id, t.prior_state, d.event_type
 ), lost AS (
     INSERT INTO delivery_attempts (delivery_id, attempt, outcome, error)
     SELECT id, attempts - 1, 'lost', 'lease expired before an outcome was written'
@@ -217,10 +219,18 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
        extract(epoch FROM now() - c.occurrence_at)::float8 AS age_seconds,
        extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
        coalesce(r.send_stale, false) AS send_stale,
-       EXISTS (SELECT 1 FROM disabled_destinations AS dd
-               WHERE dd.destination = coalesce(c.destination, r.destination))
-           AS destination_disabled
-FROM claimed AS c LEFT JOIN reminders AS r ON r.id = c.reminder_id;
+       coalesce(dst.state = 'disabled', false) AS destination_disabled,
+       coalesce(c.event_type, r.event_type) AS event_type,
+       coalesce(dst.envelope, false) AS envelope,
+       coalesce(dst.failure_streak, 0) AS failure_streak,
+       coalesce((SELECT array_agg(s.encrypted ORDER BY s.id DESC)
+                 FROM destination_secrets AS s
+                 WHERE s.url = dst.url AND (s.expires_at IS NULL OR s.expires_at > now())),
+                '{}') AS secrets
+FROM claimed AS c
+LEFT JOIN reminders AS r ON r.id = c.reminder_id
+LEFT JOIN destinations AS dst
+       ON dst.url = coalesce(c.destination, r.destination) AND c.channel = 'webhook';
 
 -- name: unclaimable
 -- Why the rows a claim did not take were not claimable, with the database's clock.
@@ -242,8 +252,8 @@ SELECT d.id, d.attempts,
        extract(epoch FROM now() - d.occurrence_at)::float8 AS age_seconds,
        extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
        coalesce(r.send_stale, false) AS send_stale,
-       EXISTS (SELECT 1 FROM disabled_destinations AS dd
-               WHERE dd.destination = coalesce(d.destination, r.destination))
+       EXISTS (SELECT 1 FROM destinations AS dd
+               WHERE dd.url = coalesce(d.destination, r.destination) AND dd.state = 'disabled')
            AS destination_disabled,
        greatest(0, extract(epoch FROM b.paused_until - clock_timestamp()))::float8
            AS provider_paused_seconds
@@ -535,17 +545,28 @@ WHERE provider = $1;
 
 ---------------------------------------------------------------------------- destinations
 
--- name: disable_destination
--- A receiver said 410 Gone: stop its reminders and refuse queued sends to it.
-WITH d AS (
-    INSERT INTO disabled_destinations (destination, reason) VALUES ($1, $2)
-    ON CONFLICT (destination) DO NOTHING
-)
+-- name: destination_disable
+-- Disable a destination (registered now if it was not): its deliveries are held. Returns
+-- its id when this statement disabled it, nothing when it already was.
+INSERT INTO destinations AS d (url, state, disabled_reason, disabled_at)
+VALUES ($1, 'disabled', $2, now())
+ON CONFLICT (url) DO UPDATE SET
+    state = 'disabled', disabled_reason = excluded.disabled_reason, disabled_at = now(),
+    updated_at = now()
+WHERE d.state = 'enabled'
+RETURNING id;
+
+-- name: deactivate_destination_reminders
+-- A receiver said 410 Gone: its reminders fire no more.
 UPDATE reminders SET active = false, updated_at = now()
 WHERE destination = $1 AND active;
 
 -- name: enable_destination
-DELETE FROM disabled_destinations WHERE destination = $1 RETURNING destination;
+UPDATE destinations SET
+    state = 'enabled', disabled_reason = NULL, disabled_at = NULL, failure_streak = 0,
+    streak_started_at = NULL, updated_at = now()
+WHERE url = $1 AND state = 'disabled'
+RETURNING url;
 
 -- name: reactivate_destination_reminders
 WITH r AS (
@@ -555,5 +576,99 @@ WITH r AS (
 )
 SELECT count(*) FROM r;
 
--- name: list_disabled_destinations
-SELECT destination, reason, disabled_at FROM disabled_destinations ORDER BY disabled_at;
+-- name: wake_destination_deliveries
+-- After enable: the deliveries held while the destination was disabled are due now (their
+-- parked messages come back within RELAY_DESTINATION_HOLD_SECONDS and are claimed).
+WITH w AS (
+    UPDATE deliveries AS d SET next_attempt_at = now()
+    WHERE d.state = 'retrying' AND d.next_attempt_at > now() AND d.channel = 'webhook'
+      AND (d.destination = $1
+           OR (d.destination IS NULL
+               AND d.reminder_id IN (SELECT id FROM reminders WHERE destination = $1)))
+    RETURNING d.id
+)
+SELECT count(*) FROM w;
+
+-- name: destinations_known
+SELECT url FROM destinations WHERE url = ANY($1::text[]);
+
+-- name: destinations_register
+-- First use (or `relay destinations add`): register what is not registered yet.
+INSERT INTO destinations (url, envelope)
+SELECT u, $2 FROM unnest($1::text[]) AS u
+ON CONFLICT (url) DO NOTHING
+RETURNING url;
+
+-- name: destination_add_secrets
+INSERT INTO destination_secrets (url, encrypted)
+SELECT * FROM unnest($1::text[], $2::text[]);
+
+-- name: destination_lock
+SELECT url FROM destinations WHERE url = $1 FOR UPDATE;
+
+-- name: destination_has_secrets
+SELECT EXISTS (SELECT 1 FROM destination_secrets WHERE url = $1);
+
+-- name: destination_expire_secrets
+-- A rotation: every secret still valid now stays valid for the grace ($2 s), no longer.
+UPDATE destination_secrets SET expires_at = now() + make_interval(secs => $2)
+WHERE url = $1 AND (expires_at IS NULL OR expires_at > now() + make_interval(secs => $2));
+
+-- name: destination_get
+SELECT d.id, d.url, d.state, d.disabled_reason, d.disabled_at, d.failure_streak,
+       d.streak_started_at, d.envelope, d.created_at,
+       (SELECT count(*) FROM destination_secrets AS s
+        WHERE s.url = d.url AND (s.expires_at IS NULL OR s.expires_at > now()))::int
+           AS active_secrets
+FROM destinations AS d
+WHERE ($1::text IS NULL OR d.url = $1)
+ORDER BY d.id;
+
+-- name: destination_secrets_of
+-- Newest first; valid: not expired yet.
+SELECT id, encrypted, created_at, expires_at,
+       (expires_at IS NULL OR expires_at > now()) AS valid
+FROM destination_secrets WHERE url = $1 ORDER BY id DESC;
+
+-- name: destination_secrets_all
+SELECT id, encrypted FROM destination_secrets ORDER BY id FOR UPDATE;
+
+-- name: destination_secrets_reencrypt
+UPDATE destination_secrets AS s SET encrypted = t.encrypted
+FROM unnest($1::bigint[], $2::text[]) AS t(id, encrypted)
+WHERE s.id = t.id;
+
+-- name: destination_set_envelope
+UPDATE destinations SET envelope = $2, updated_at = now() WHERE url = $1 RETURNING url;
+
+-- name: destination_failed
+-- One more failed attempt in the destination's streak. The streak disables an enabled
+-- destination once it holds $2 attempts (0: never) spanning at least $3 seconds. Returns
+-- the id, the streak and whether this very statement disabled it.
+WITH cur AS (
+    SELECT url, state, failure_streak + 1 AS streak,
+           coalesce(streak_started_at, now()) AS since
+    FROM destinations WHERE url = $1
+    FOR UPDATE
+), t AS (
+    SELECT cur.*, (state = 'enabled' AND $2::int > 0 AND streak >= $2::int
+                   AND now() - since >= make_interval(secs => $3::float8)) AS trip
+    FROM cur
+)
+UPDATE destinations AS d SET
+    failure_streak = t.streak,
+    streak_started_at = t.since,
+    state = CASE WHEN t.trip THEN 'disabled' ELSE d.state END,
+    disabled_reason = CASE WHEN t.trip THEN $4::text ELSE d.disabled_reason END,
+    disabled_at = CASE WHEN t.trip THEN now() ELSE d.disabled_at END,
+    updated_at = now()
+FROM t
+WHERE d.url = t.url
+RETURNING d.id, t.streak, t.trip AS disabled;
+
+-- name: destination_state_counts
+SELECT state, count(*)::int AS n FROM destinations GROUP BY state;
+
+-- name: destination_succeeded
+UPDATE destinations SET failure_streak = 0, streak_started_at = NULL, updated_at = now()
+WHERE url = $1 AND failure_streak > 0;

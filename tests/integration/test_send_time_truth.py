@@ -19,8 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from consumer import decisions
-from service import ledger, outbox
+from service import destinations, outbox
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
@@ -240,13 +239,13 @@ async def test_stale_after_crossed_during_a_budget_wait_is_obeyed_at_send_time(
 
 
 @pytest.mark.timeout(180)
-async def test_destination_disabled_during_a_budget_wait_is_refused_without_a_request(
+async def test_destination_disabled_during_a_budget_wait_is_held_without_a_request(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, tmp_path: Path
 ) -> None:
     """Four outbox intents (always active: no reminder to cancel) to one destination,
     one token every 5 s. Right after the first request arrives, another replica's 410
-    disables the destination; the three still waiting are refused at their turn: dead,
-    an attempt 'rejected' without a request, nothing more at the partner."""
+    disables the destination; the three still waiting are held at their turn: no request,
+    no attempt counted, never dead. Enabled again, they are delivered."""
     settings = settings.model_copy(update={"lease_seconds": 120.0})
     arrivals: list[float] = []
     partner.state.on_request = lambda name, key: arrivals.append(time.monotonic())
@@ -259,15 +258,31 @@ async def test_destination_disabled_during_a_budget_wait_is_refused_without_a_re
             )
     assert (await rs.relay(settings, "publish")).code == 0
     log = tmp_path / "consumer.log"
-    consumer = await rs.start_consumer(settings, log, BUDGETS="webhook=0.2/1")
+    consumer = await rs.start_consumer(
+        settings, log, BUDGETS="webhook=0.2/1", DESTINATION_HOLD_SECONDS="1"
+    )
     try:
 
         async def first_arrived() -> bool:
             return bool(arrivals)
 
         await rs.wait_for(first_arrived, 60, "the first request", interval=0.005)
-        await ledger.disable_destination(pool, destination, "410 gone")
+        await destinations.disable(pool, destination, "410 gone")
         disabled_at = time.monotonic()
+
+        async def three_held() -> bool:
+            held = await pool.fetchval(
+                "SELECT count(*) FROM deliveries WHERE state = 'retrying' AND attempts = 0"
+                " AND last_error IS NULL"
+            )
+            return held == 3 and await _deferred_for_disabled(log) >= 3
+
+        await rs.wait_for(three_held, 90, "three rows held")
+        assert [t for t in arrivals if t > disabled_at] == []
+        assert await pool.fetchval("SELECT count(*) FROM delivery_attempts") == 1
+        async with pool.acquire() as conn:
+            enabled = await destinations.enable(conn, destination)
+        assert enabled is not None and enabled.deliveries == 3
         await rs.wait_for(lambda: _all_final(pool, 4), 90, "every row final")
         assert await _stop(consumer) == 0
     finally:
@@ -275,14 +290,21 @@ async def test_destination_disabled_during_a_budget_wait_is_refused_without_a_re
             consumer.kill()
             await consumer.wait()
 
-    assert [t for t in arrivals if t > disabled_at] == []
-    rows = await pool.fetch(
-        "SELECT d.state::text AS state, d.last_error, a.outcome, a.http_status, a.started_at "
-        "FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id ORDER BY d.id"
-    )
-    assert sorted(r["state"] for r in rows) == ["dead", "dead", "dead", "delivered"]
-    for r in rows:
-        if r["state"] == "dead":
-            assert r["last_error"] == "rejected: " + decisions.DISABLED_DESTINATION
-            assert (r["outcome"], r["http_status"], r["started_at"]) == ("rejected", None, None)
-    assert len(arrivals) == 1 and partner.state.logical_events == 1
+    states = await pool.fetch("SELECT state::text AS state, attempts FROM deliveries")
+    assert [(r["state"], r["attempts"]) for r in states] == [("delivered", 1)] * 4
+    assert partner.state.logical_events == 4
+
+
+async def _deferred_for_disabled(log: Path) -> int:
+    """Deferrals logged because the destination is disabled."""
+    if not log.exists():
+        return 0
+    count = 0
+    for text in log.read_text().splitlines():
+        try:
+            record = json.loads(text)
+        except ValueError:
+            continue
+        if record.get("event") == "deferred" and record.get("reason") == "destination disabled":
+            count += 1
+    return count

@@ -104,23 +104,24 @@ def test_stale_is_decided_before_a_disabled_destination() -> None:
     assert decisions.verdict(facts, has_destination=True) == decisions.Skip("stale")
 
 
-def test_a_disabled_destination_is_refused() -> None:
+def test_a_disabled_destination_is_held_not_refused() -> None:
     facts = replace(FRESH, destination_disabled=True)
-    assert decisions.verdict(facts, has_destination=True) == decisions.Refuse(
-        decisions.DISABLED_DESTINATION
+    assert decisions.verdict(facts, has_destination=True, hold_seconds=7.0) == decisions.Hold(
+        decisions.DISABLED_DESTINATION, 7.0
     )
 
 
-def test_a_stale_row_sent_stale_to_a_disabled_destination_is_refused() -> None:
+def test_a_stale_row_sent_stale_to_a_disabled_destination_is_held() -> None:
     facts = replace(FRESH, age_seconds=1e6, send_stale=True, destination_disabled=True)
-    assert decisions.verdict(facts, has_destination=True) == decisions.Refuse(
-        decisions.DISABLED_DESTINATION
+    assert decisions.verdict(facts, has_destination=True) == decisions.Hold(
+        decisions.DISABLED_DESTINATION, decisions.DISABLED_HOLD_SECONDS
     )
 
 
-def test_a_disabled_destination_is_refused_even_while_its_provider_is_paused() -> None:
+def test_a_disabled_destination_is_held_even_while_its_provider_is_paused() -> None:
     facts = replace(FRESH, destination_disabled=True, provider_paused_seconds=5.0)
-    assert isinstance(decisions.verdict(facts, has_destination=True), decisions.Refuse)
+    verdict = decisions.verdict(facts, has_destination=True, hold_seconds=60.0)
+    assert verdict == decisions.Hold(decisions.DISABLED_DESTINATION, 60.0)
 
 
 def test_a_paused_provider_holds_the_send_for_the_pause() -> None:
