@@ -103,6 +103,7 @@ def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]
     data["last_error"] = clean(row["last_error"])
     data["receipt"] = clean(row["receipt"])
     data["destination"] = shown_destination(row["channel"], row["destination"])
+    data["intent"] = None
     if row["source"] == "outbox":
         data["intent"] = {"source": "outbox", "key": row["idempotency_key"]}
         data["reminder"] = None

@@ -9,6 +9,7 @@ module adds the operator-facing totals and renders text or JSON.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -180,4 +181,9 @@ def _render_missing_rows(what: str, rows: list[dict[str, Any]]) -> str:
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, default=str, indent=2, sort_keys=True)
+    """One JSON document: sorted keys, times in ISO 8601."""
+    return json.dumps(data, default=_default, indent=2, sort_keys=True)
+
+
+def _default(value: object) -> object:
+    return value.isoformat() if isinstance(value, datetime) else str(value)

@@ -47,7 +47,7 @@ async def test_deliveries_show_tells_one_delivery_story_and_list_filters_and_pag
     await rs.load(pool, lines)
     await _ok(settings, "publish")
     async with rs.consumer_in_process(settings):
-        await rs.wait_for(lambda: _settled(pool, delivered=4, dead=1), 30, "settled")
+        await rs.wait_for(lambda: _settled(pool, delivered=4, dead=1), 60, "settled")
     bad = await pool.fetchrow(
         "SELECT id, idempotency_key, run_id FROM deliveries WHERE reminder_id = 'bad1'"
     )
@@ -202,7 +202,7 @@ async def test_status_counts_outbox_intents_and_completion_is_delivered_over_owe
         )
     await _ok(settings, "publish")
     async with rs.consumer_in_process(settings):
-        await rs.wait_for(lambda: _settled(pool, delivered=3, skipped=1, dead=1), 30, "settled")
+        await rs.wait_for(lambda: _settled(pool, delivered=3, skipped=1, dead=1), 60, "settled")
     run_id = await pool.fetchval("SELECT min(id) FROM publish_runs")
     missing = await _json(settings, "status", "--missing", "--run", str(run_id))
     assert [m["reminder_id"] for m in missing["missing"]] == ["gone"]
@@ -232,7 +232,7 @@ async def test_replay_drop_acknowledges_undecodable_and_unknown_dead_letters_onl
     await rs.load(pool, [rs.line("bad1", partner.url("bad"))])
     await _ok(settings, "publish")
     async with rs.consumer_in_process(settings):
-        await rs.wait_for(lambda: _settled(pool, dead=1), 30, "dead")
+        await rs.wait_for(lambda: _settled(pool, dead=1), 60, "dead")
     topology = amqp.Topology.from_settings(settings)
     connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
     async with connection:
