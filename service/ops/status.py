@@ -95,6 +95,8 @@ def render_table(
             f"{retrying:>8} {dead:>5} "
             f"{skipped:>7} {open_:>7} {_fmt_ratio(r.completion_ratio):>8}"
         )
+        if r.kind != "publish":
+            lines.append(f"{'':>5} a {r.kind} run")
         if r.skipped_by_reason:
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.skipped_by_reason.items()))
             lines.append(f"{'':>5} skipped by reason: {reasons}")

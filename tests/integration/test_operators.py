@@ -139,7 +139,7 @@ async def test_paused_occurrences_are_skipped_and_backfill_admits_them_once_on_p
     done = await _json(settings, "backfill", "--reminder", "during", *window, "--apply")
     assert (done["reopened"], done["new"], done["run_id"] is not None) == (1, 0, True)
     again = await _json(settings, "backfill", "--reminder", "during", *window, "--apply")
-    assert (again["reopened"], again["new"], again["already"]) == (0, 0, 1)
+    assert (again["reopened"], again["new"], again["already"], again["run_id"]) == (0, 0, 1, None)
     row = await pool.fetchrow(
         "SELECT d.state::text AS state, p.kind FROM deliveries d JOIN publish_runs p"
         " ON p.id = d.run_id WHERE reminder_id = 'during'"
