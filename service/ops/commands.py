@@ -205,7 +205,12 @@ async def status(args: argparse.Namespace, settings: Settings) -> int:
 async def _set_admission(settings: Settings, paused: bool) -> int:
     async with _pool(settings) as pool, pool.acquire() as conn:
         await runs.set_admission_paused(conn, paused, getpass.getuser())
-    print("admission paused: publish runs will record and exit" if paused else "admission resumed")
+    print(
+        "admission paused: publish runs will record and exit; occurrences falling due until "
+        "`relay resume` will be skipped (paused), never sent (relay backfill sends them)"
+        if paused
+        else "admission resumed"
+    )
     return errors.ExitCode.OK
 
 

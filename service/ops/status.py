@@ -104,7 +104,7 @@ def render_table(
     if admission["paused"]:
         lines.append(
             f"admission PAUSED since {admission['changed_at']:%Y-%m-%d %H:%M:%S} "
-            f"by {admission['changed_by']}: occurrences due now are skipped (paused)"
+            f"by {admission['changed_by']}: occurrences due meanwhile are skipped (paused)"
         )
     return "\n".join(lines)
 
