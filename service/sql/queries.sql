@@ -606,21 +606,27 @@ ORDER BY d.id DESC
 LIMIT $8;
 
 -- name: runs_list
--- Recent runs with their deliveries' states, newest first; keyset paging with $2.
-SELECT p.id, p.kind, p.status, p.intended_fire_at, p.started_at, p.finished_at, p.held_at,
-       p.created_count,
-       count(d.id) AS owed,
-       count(d.id) FILTER (WHERE d.state = 'delivered') AS delivered,
-       count(d.id) FILTER (WHERE d.state = 'skipped') AS skipped,
-       count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
-       count(d.id) FILTER (WHERE d.state IN ('pending', 'queued', 'sending', 'retrying'))
-           AS open
-FROM publish_runs AS p
-LEFT JOIN deliveries AS d ON d.run_id = p.id
-WHERE ($2::bigint IS NULL OR p.id < $2) AND (NOT $3::bool OR p.created_count > 0)
-GROUP BY p.id
-ORDER BY p.id DESC
-LIMIT $1;
+-- Recent runs with their deliveries' states, newest first; keyset paging with $2. The
+-- page of runs is chosen first, then each one's rows are counted (deliveries_run_idx).
+WITH recent AS (
+    SELECT id, kind, status, intended_fire_at, started_at, finished_at, held_at, created_count
+    FROM publish_runs
+    WHERE ($2::bigint IS NULL OR id < $2) AND (NOT $3::bool OR created_count > 0)
+    ORDER BY id DESC
+    LIMIT $1
+)
+SELECT r.*, c.owed, c.delivered, c.skipped, c.dead, c.open
+FROM recent AS r
+CROSS JOIN LATERAL (
+    SELECT count(*) AS owed,
+           count(*) FILTER (WHERE d.state = 'delivered') AS delivered,
+           count(*) FILTER (WHERE d.state = 'skipped') AS skipped,
+           count(*) FILTER (WHERE d.state = 'dead') AS dead,
+           count(*) FILTER (WHERE d.state IN ('pending', 'queued', 'sending', 'retrying'))
+               AS open
+    FROM deliveries AS d WHERE d.run_id = r.id
+) AS c
+ORDER BY r.id DESC;
 
 -- name: run_exists
 SELECT id, held_at FROM publish_runs WHERE id = $1;

@@ -207,6 +207,10 @@ async def test_status_counts_outbox_intents_and_completion_is_delivered_over_owe
     assert [(m["idempotency_key"], m["state"]) for m in missing["outbox_missing"]] == [
         ("outbox:order-7", "dead")
     ]
+    intent = await _json(settings, "deliveries", "show", "--key", "outbox:order-7")
+    assert intent["intent"] == {"source": "outbox", "key": "outbox:order-7"}
+    assert intent["reminder"] is None and intent["run"] is None
+    assert intent["destination"] == f"http://127.0.0.1:{partner.port}"
     text = await _ok(settings, "status", "--missing", "--run", str(run_id))
     assert "outbox intents (no run): 1 not delivered" in text
     run = (await _json(settings, "status", "--run", str(run_id)))["runs"][0]
