@@ -41,7 +41,6 @@ ALTER TABLE deliveries DROP CONSTRAINT deliveries_skip_reason_check;
 ALTER TABLE deliveries ADD CONSTRAINT deliveries_skip_reason_check
     CHECK (skip_reason IN ('cancelled', 'stale', 'missed', 'catch_up_limit', 'truncated',
                            'paused'));
-CREATE INDEX deliveries_created_idx ON deliveries (created_at, id);
 
 -- `relay replay --from queue --drop`: dead letters acknowledged without a replay.
 ALTER TABLE replays ADD COLUMN dropped integer NOT NULL DEFAULT 0 CHECK (dropped >= 0);
