@@ -102,18 +102,14 @@ async def test_paused_occurrences_are_skipped_and_backfill_admits_them_once_on_p
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
     start = datetime.now(UTC)
-    # A one-shot that falls due while admission is paused, and one due before the pause.
-    await rs.load(
-        pool,
-        [
-            rs.line("during", partner.url(), due_at=start + timedelta(seconds=1.5)),
-            rs.line("before", partner.url(), due_at=start - timedelta(minutes=1)),
-        ],
-    )
-    await asyncio.sleep(0.2)
+    # One due before the pause, and one that falls due while admission is paused.
+    await rs.load(pool, [rs.line("before", partner.url(), due_at=start - timedelta(minutes=1))])
     await _ok(settings, "pause")
+    paused_at = await pool.fetchval("SELECT paused_at FROM admission_pauses")
+    due = max(datetime.now(UTC), paused_at) + timedelta(seconds=0.5)
+    await rs.load(pool, [rs.line("during", partner.url(), due_at=due)])
     assert "admission PAUSED" in await _ok(settings, "status")
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()) + 0.2)
     await _ok(settings, "resume")
     await _ok(settings, "publish")
     rows = {
