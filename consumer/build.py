@@ -167,6 +167,23 @@ def policy(settings: Settings) -> retry.RetryPolicy:
     )
 
 
+def _store(
+    settings: Settings, pool: asyncpg.Pool, watch: DatabaseWatch, stopping: asyncio.Event
+) -> store.Store:
+    """The consumer's ledger store, started."""
+    ledger_store = store.Store(
+        pool,
+        watch,
+        lease_seconds=settings.lease_seconds,
+        batch_max=settings.write_batch_max,
+        # Few concurrent flushes make each one bigger: fewer round trips.
+        concurrency=max(1, min(2, settings.database_pool_size - 2)),
+        stopping=stopping,
+    )
+    ledger_store.start()
+    return ledger_store
+
+
 async def worker_for(
     settings: Settings,
     pool: asyncpg.Pool,
@@ -184,16 +201,7 @@ async def worker_for(
     budgets = budget.Budgets(pool, specs, urgent_reserve_fraction=settings.budget_urgent_reserve)
     await budgets.setup()  # every replica writes the same configured budgets
     stopping = asyncio.Event()
-    ledger_store = store.Store(
-        pool,
-        watch,
-        lease_seconds=settings.lease_seconds,
-        batch_max=settings.write_batch_max,
-        # Few concurrent flushes make each one bigger: fewer round trips.
-        concurrency=max(1, min(2, settings.database_pool_size - 2)),
-        stopping=stopping,
-    )
-    ledger_store.start()
+    ledger_store = _store(settings, pool, watch, stopping)
     crash = CrashPoints(settings.crash_at)
     deliverer = delivery.Deliverer(
         store=ledger_store,
@@ -212,6 +220,7 @@ async def worker_for(
         budgets_pause=budgets.pause,
         crash=crash,
         targets=targets(settings),
+        held_recheck_seconds=settings.run_hold_recheck_seconds,
     )
     return worker.Worker(
         store=ledger_store,

@@ -52,12 +52,24 @@ DISABLED_DESTINATION = "destination disabled"
 DISABLED_HOLD_SECONDS = 60.0
 
 
+RUN_HELD = "run held"
+
+
 def verdict(
-    facts: SendFacts, *, has_destination: bool, hold_seconds: float = DISABLED_HOLD_SECONDS
+    facts: SendFacts,
+    *,
+    has_destination: bool,
+    hold_seconds: float = DISABLED_HOLD_SECONDS,
+    held_recheck_seconds: float = 30.0,
 ) -> Verdict:
-    """Whether a claimed row may be sent, given what the ledger says about it now. A row
+    """Whether a claimed row may be sent, given what the ledger says about it now.
+
+    A row of a held run is parked first of all: an operator holding a run wants none of
+    its rows to change until the release (or a cancel or dead-letter of the run). A row
     for a disabled destination is held (``hold_seconds``), never refused: it goes out
     once the destination is enabled again."""
+    if facts.run_held:
+        return Hold(RUN_HELD, held_recheck_seconds)
     if not facts.active or not has_destination:
         return Skip("cancelled")
     stale = facts.stale_after_seconds is not None and facts.age_seconds > facts.stale_after_seconds

@@ -69,7 +69,9 @@ class Deliverer:
         crash: CrashPoints | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         targets: DestinationPolicy | None = None,
+        held_recheck_seconds: float = 30.0,
     ) -> None:
+        self._held_recheck = held_recheck_seconds
         self._store = store
         self._gate = gate
         self._channels = channels
@@ -156,8 +158,12 @@ class Deliverer:
             )
 
     def _verdict(self, facts: SendFacts, has_destination: bool) -> decisions.Verdict:
-        hold = self._targets.hold_seconds
-        return decisions.verdict(facts, has_destination=has_destination, hold_seconds=hold)
+        return decisions.verdict(
+            facts,
+            has_destination=has_destination,
+            hold_seconds=self._targets.hold_seconds,
+            held_recheck_seconds=self._held_recheck,
+        )
 
     def _own_secrets(self, row: Claimed) -> tuple[str, ...] | None:
         """The destination's own secrets, decrypted (None: it has none; the channel's
