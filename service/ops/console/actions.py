@@ -1,0 +1,131 @@
+"""What the console changes, through the same functions as the CLI.
+
+A replay is ``publisher.replay.Replayer.from_ledger`` (handed in by the composition root,
+since the operator tools never import ``publisher``): dry run first, then apply, recorded
+in ``replays`` with the operator and the reason. A destination is switched with
+``ledger.disable_destination`` / ``ledger.enable_destination``. Every applied action is
+also one ``console_action`` log line (who, what, why; a destination by its reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import asyncpg
+
+from service import ledger, logs
+from service.ops.console import data
+
+log = logs.get("console")
+MAX_REASON_CHARS = 200
+REPLAY_LIMIT = 10_000
+
+
+class ReplayResult(Protocol):
+    """What ``publisher.replay.ReplaySummary`` tells the console."""
+
+    apply: bool
+    selected: int
+    replayed: int
+    requeued: int
+    stale: int
+    failed: int
+    sample: list[int]
+
+
+# (filters, limit, apply, operator, reason) -> the summary of a ledger replay
+Replay = Callable[[ledger.ReplayFilter, int, bool, str, str], Awaitable[ReplayResult]]
+
+
+class ActionError(ValueError):
+    """A refused action: its message is shown to the operator (400)."""
+
+
+def check_reason(reason: str, apply: bool) -> str:
+    reason = reason.strip()
+    if apply and not reason:
+        raise ActionError("say why (a reason is recorded with the action)")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ActionError(f"the reason is longer than {MAX_REASON_CHARS} characters")
+    return reason
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """Which dead deliveries to replay: one delivery, or a run and/or channel."""
+
+    delivery_id: int | None = None
+    run_id: int | None = None
+    channel: str | None = None
+
+
+@dataclass
+class Actions:
+    pool: asyncpg.Pool
+    replay: Replay
+
+    async def replay_dead(
+        self, operator: str, request: ReplayRequest, *, apply: bool, reason: str
+    ) -> dict[str, Any]:
+        """Dry run (``apply`` False) or apply a ledger replay of dead deliveries."""
+        reason = check_reason(reason, apply)
+        selection = ledger.ReplayFilter(run_id=request.run_id, channel=request.channel)
+        if request.delivery_id is not None:
+            found = await data.delivery(self.pool, request.delivery_id)
+            if found is None:
+                raise ActionError(f"no delivery {request.delivery_id}")
+            selection = ledger.ReplayFilter(key=found["idempotency_key"])
+        result = await self.replay(selection, REPLAY_LIMIT, apply, operator, reason)
+        summary = {
+            "apply": apply,
+            "selected": result.selected,
+            "replayed": result.replayed,
+            "requeued": result.requeued,
+            "stale": result.stale,
+            "failed": result.failed,
+            "sample": list(result.sample),
+        }
+        if apply:
+            _record("replay", operator, reason, replayed=result.replayed, **_fields(request))
+        return summary
+
+    async def switch_destination(
+        self, operator: str, ref: str, *, enable: bool, reason: str
+    ) -> dict[str, Any]:
+        """Disable or enable the destination with this reference."""
+        reason = check_reason(reason, True)
+        found = await data.destinations(self.pool, ref, 1)
+        if not found:
+            raise ActionError("no such destination")
+        destination = found[0]["destination"]
+        if enable:
+            async with self.pool.acquire() as conn:
+                back = await ledger.enable_destination(conn, destination)
+            changed = back is not None
+        else:
+            changed = not found[0]["disabled"]
+            await ledger.disable_destination(
+                self.pool, destination, f"{reason} ({operator}, console)"
+            )
+        action = "destination_enable" if enable else "destination_disable"
+        _record(action, operator, reason, destination_ref=ref, changed=changed)
+        return {"destination_ref": ref, "disabled": not enable, "changed": changed}
+
+
+def _fields(request: ReplayRequest) -> dict[str, Any]:
+    return {k: v for k, v in request.__dict__.items() if v is not None}
+
+
+def _record(action: str, operator: str, reason: str, **fields: Any) -> None:
+    log.info(
+        "console action",
+        extra={
+            "event": "console_action",
+            "action": action,
+            "operator": operator,
+            "reason": reason,
+            **fields,
+        },
+    )
