@@ -156,9 +156,17 @@ async def csrf_ok(request: web.Request, operator: Operator) -> bool:
 
 
 def same_origin(request: web.Request) -> bool:
-    """An Origin header, when a browser sends one, names this console."""
+    """What a browser says of where a request comes from, when it says it, is this console.
+
+    ``Sec-Fetch-Site`` must be ``same-origin`` (or ``none``: typed by the user). An
+    ``Origin`` must name this console, except ``null``: under ``Referrer-Policy:
+    no-referrer`` a browser sends that for its own forms (the CSRF token still decides).
+    """
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
     origin = request.headers.get("Origin")
-    return origin is None or origin in (f"http://{request.host}", f"https://{request.host}")
+    return origin in (None, "null", f"http://{request.host}", f"https://{request.host}")
 
 
 def middleware(door: Door) -> Middleware:
