@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -63,6 +64,59 @@ async def _log_in(page: Page, url: str) -> None:
     await expect(page).to_have_url(f"{url}/runs")
 
 
+async def _to_the_dead_delivery(page: Page, shots: Shots, failed: cs.Failures) -> None:
+    """Runs page -> the run's missing deliveries -> the first dead one and its attempts."""
+    await expect(page.locator(f"#run-{failed.run_id}")).to_be_visible()
+    await shots.take(page, "runs")
+    await page.click(f"#run-{failed.run_id}")
+    await expect(page).to_have_title(f"Run {failed.run_id} — relay console")
+    await expect(page.locator("#missing tbody tr")).to_have_count(len(failed.dead))
+    await shots.take(page, "run-missing")
+    await page.click(f"#delivery-{failed.dead[0]}")
+    await expect(page.locator("#delivery-state")).to_have_text("dead")
+    attempts = page.locator("#attempts tbody tr")
+    await expect(attempts).to_have_count(1)
+    await expect(attempts.first).to_contain_text("rejected")
+    await expect(attempts.first).to_contain_text("400")
+    await shots.take(page, "delivery")
+
+
+async def _replay_until_delivered(page: Page, shots: Shots, fixed: Callable[[], object]) -> None:
+    """Dry run, then (the receiver fixed) apply with a reason, then watch it delivered."""
+    await page.click("#replay-dry-run")
+    await expect(page.locator("#replay-summary")).to_contain_text("Would replay 1")
+    await shots.take(page, "replay-dry-run")
+    fixed()
+    await page.fill("#replay-reason", "receiver fixed (INC-7)")
+    await page.click("#replay-apply")
+    await expect(page.locator("#replay-summary")).to_contain_text("Replayed 1")
+    await page.click("#back")
+    for _ in range(100):
+        if await page.locator("#delivery-state").inner_text() == "delivered":
+            break
+        await page.wait_for_timeout(200)
+        await page.reload()
+    await expect(page.locator("#delivery-state")).to_have_text("delivered")
+    attempts = page.locator("#attempts tbody tr")
+    await expect(attempts).to_have_count(2)
+    await expect(attempts.nth(1)).to_contain_text("accepted")
+    await shots.take(page, "delivery-replayed")
+
+
+async def _refusals(browser: Browser, page: Page, url: str, run_id: int) -> None:
+    """The session's page may not post without its CSRF token, and a browser without the
+    session may not act at all."""
+    form = {"run_id": str(run_id), "apply": "1", "reason": "forged"}
+    refused = await page.request.post(f"{url}/replay", form=form)
+    assert refused.status == 403
+    stranger = await browser.new_context()
+    try:
+        anonymous = await stranger.request.post(f"{url}/replay", form=form)
+        assert anonymous.status == 401
+    finally:
+        await stranger.close()
+
+
 async def test_in_a_browser_a_missing_delivery_is_found_replayed_and_delivered(
     settings: Settings,
     pool: asyncpg.Pool,
@@ -73,47 +127,16 @@ async def test_in_a_browser_a_missing_delivery_is_found_replayed_and_delivered(
     shots = Shots(tmp_path)
     async with rs.consumer_in_process(settings):
         failed = await cs.run_with_failures(settings, pool, partner)
-        victim = failed.dead[0]
         async with cs.console(settings) as c:
             page = await browser.new_page(viewport={"width": 1280, "height": 720})
             await _log_in(page, c.url)
-            await expect(page.locator(f"#run-{failed.run_id}")).to_be_visible()
-            await shots.take(page, "runs")
-
-            await page.click(f"#run-{failed.run_id}")
-            await expect(page).to_have_title(f"Run {failed.run_id} — relay console")
-            rows = page.locator("#missing tbody tr")
-            await expect(rows).to_have_count(len(failed.dead))
-            await shots.take(page, "run-missing")
-
-            await page.click(f"#delivery-{victim}")
-            await expect(page.locator("#delivery-state")).to_have_text("dead")
-            attempts = page.locator("#attempts tbody tr")
-            await expect(attempts).to_have_count(1)
-            await expect(attempts.first).to_contain_text("rejected")
-            await expect(attempts.first).to_contain_text("400")
-            await shots.take(page, "delivery")
-
-            await page.click("#replay-dry-run")
-            await expect(page.locator("#replay-summary")).to_contain_text("Would replay 1")
-            await shots.take(page, "replay-dry-run")
-            assert await rs.states(pool) == {"delivered": 3, "dead": 2}  # a dry run
-
-            del partner.state.rules["bad"]  # the receiver is fixed
-            await page.fill("#replay-reason", "receiver fixed (INC-7)")
-            await page.click("#replay-apply")
-            await expect(page.locator("#replay-summary")).to_contain_text("Replayed 1")
-            await page.click("#back")
-            for _ in range(100):
-                if await page.locator("#delivery-state").inner_text() == "delivered":
-                    break
-                await page.wait_for_timeout(200)
-                await page.reload()
-            await expect(page.locator("#delivery-state")).to_have_text("delivered")
-            await expect(attempts).to_have_count(2)
-            await expect(attempts.nth(1)).to_contain_text("accepted")
-            await shots.take(page, "delivery-replayed")
-
+            await _to_the_dead_delivery(page, shots, failed)
+            assert await rs.states(pool) == {"delivered": 3, "dead": 2}
+            await _replay_until_delivered(
+                page,
+                shots,
+                lambda: partner.state.rules.pop("bad"),  # the receiver is fixed
+            )
             await page.goto(f"{c.url}/dead")
             await expect(page.locator("#replays tbody tr")).to_have_count(1)
             await expect(page.locator("#replays")).to_contain_text("alice (console)")
@@ -121,18 +144,6 @@ async def test_in_a_browser_a_missing_delivery_is_found_replayed_and_delivered(
             await page.goto(f"{c.url}/destinations")
             await expect(page.locator("#destinations tbody tr")).to_have_count(2)
             await shots.take(page, "destinations")
-
-            # The session's page may not post without its CSRF token ...
-            refused = await page.request.post(
-                f"{c.url}/replay", form={"run_id": str(failed.run_id), "apply": "1"}
-            )
-            assert refused.status == 403
-            # ... and a browser without the session may not act at all.
-            stranger = await browser.new_context()
-            anonymous = await stranger.request.post(
-                f"{c.url}/replay", form={"run_id": str(failed.run_id), "apply": "1"}
-            )
-            assert anonymous.status == 401
-            await stranger.close()
+            await _refusals(browser, page, c.url, failed.run_id)
     states = dict(await pool.fetch("SELECT id, state::text FROM deliveries"))
-    assert states[victim] == "delivered" and states[failed.dead[1]] == "dead"
+    assert states[failed.dead[0]] == "delivered" and states[failed.dead[1]] == "dead"
