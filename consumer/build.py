@@ -202,6 +202,7 @@ async def worker_for(
         clock=SystemClock(),
         budgets_pause=budgets.pause,
         crash=crash,
+        held_recheck_seconds=settings.run_hold_recheck_seconds,
     )
     return worker.Worker(
         store=ledger_store,

@@ -50,8 +50,18 @@ Verdict = Send | Skip | Refuse | Hold
 DISABLED_DESTINATION = "destination disabled (410 gone)"
 
 
-def verdict(facts: SendFacts, *, has_destination: bool) -> Verdict:
-    """Whether a claimed row may be sent, given what the ledger says about it now."""
+RUN_HELD = "run held"
+
+
+def verdict(
+    facts: SendFacts, *, has_destination: bool, held_recheck_seconds: float = 30.0
+) -> Verdict:
+    """Whether a claimed row may be sent, given what the ledger says about it now.
+
+    A row of a held run is parked first of all: an operator holding a run wants none of
+    its rows to change until the release (or a cancel or dead-letter of the run)."""
+    if facts.run_held:
+        return Hold(RUN_HELD, held_recheck_seconds)
     if not facts.active or not has_destination:
         return Skip("cancelled")
     stale = facts.stale_after_seconds is not None and facts.age_seconds > facts.stale_after_seconds

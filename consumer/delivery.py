@@ -54,7 +54,9 @@ class Deliverer:
         rng: Callable[[], float] = random.random,
         crash: CrashPoints | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        held_recheck_seconds: float = 30.0,
     ) -> None:
+        self._held_recheck = held_recheck_seconds
         self._store = store
         self._gate = gate
         self._channels = channels
@@ -72,7 +74,9 @@ class Deliverer:
     ) -> Disposition:
         """Attempt ``row`` (claimed at monotonic ``claimed_at``); what to do with its message."""
         has_destination = row.destination is not None and row.payload is not None
-        verdict = decisions.verdict(row.facts, has_destination=has_destination)
+        verdict = decisions.verdict(
+            row.facts, has_destination=has_destination, held_recheck_seconds=self._held_recheck
+        )
         if not isinstance(verdict, decisions.Send):
             return await self._without_request(row, verdict)
         channel = self._channels.get(row.channel)
@@ -92,7 +96,11 @@ class Deliverer:
                 check = await self._store.check(row.id, row.attempts)
                 if check is None or not check.claim_held:
                     return await self._claim_lost(row)
-                verdict = decisions.verdict(check.facts, has_destination=has_destination)
+                verdict = decisions.verdict(
+                    check.facts,
+                    has_destination=has_destination,
+                    held_recheck_seconds=self._held_recheck,
+                )
                 if not isinstance(verdict, decisions.Send):
                     slot.give_back(failed=None)
                     return await self._without_request(row, verdict)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from datetime import datetime
+from typing import Any
 
+from publisher import backfill as backfill_mod
+from publisher import drop as drop_mod
 from publisher import replay as replay_mod
 from publisher import run as publish_run
 from service import errors, telemetry
@@ -87,6 +92,19 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
         key=args.key,
         last_status=args.last_status,
     )
+    if args.drop:
+        if args.source != "queue":
+            raise errors.ConfigError("--drop: only with --from queue (ledger rows are not dropped)")
+        dropped = await drop_mod.drop(
+            settings,
+            operator=args.operator,
+            filters=filters,
+            states_given=args.state is not None,
+            limit=args.limit,
+            apply=args.apply,
+        )
+        print(_json(dropped.as_dict()) if args.json else dropped.render())
+        return errors.ExitCode.OK
     telem = telemetry.setup("relay-replay")
     try:
         summary = await replay_mod.run(
@@ -100,5 +118,33 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
         )
     finally:
         telem.shutdown()
-    print(summary.render())
+    print(_json(dataclasses.asdict(summary)) if args.json else summary.render())
+    return errors.ExitCode.OK if summary.failed == 0 else errors.ExitCode.INCOMPLETE
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, default=_iso, indent=2, sort_keys=True)
+
+
+def _iso(value: object) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+async def backfill(args: argparse.Namespace, settings: Settings) -> int:
+    start = _parse_time(args.start, "--from")
+    assert start is not None
+    end = _parse_time(args.end, "--to") or datetime.now(start.tzinfo)
+    if end < start:
+        raise errors.ConfigError("--to: before --from")
+    if args.publish and not args.apply:
+        raise errors.ConfigError("--publish: only with --apply")
+    summary = await backfill_mod.run(
+        settings,
+        reminder_id=None if args.all else args.reminder,
+        start=start,
+        end=end,
+        apply=args.apply,
+        publish_now=args.publish,
+    )
+    print(_json(summary.as_dict()) if args.json else summary.render())
     return errors.ExitCode.OK if summary.failed == 0 else errors.ExitCode.INCOMPLETE

@@ -42,6 +42,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from service import amqp, db, ledger, logs, messages
 from service.ledger import State
+from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics
 
@@ -125,6 +126,7 @@ class Replayer:
         summary = ReplaySummary("ledger", apply)
         audit = await self._audit_start("ledger", _filters_json(filters)) if apply else None
         after_id = 0
+        progress = Progress("replay")
         while summary.selected < limit and selection.states:
             page = await ledger.select_for_replay(
                 self._pool, selection, after_id, min(PAGE, limit - summary.selected)
@@ -133,6 +135,7 @@ class Replayer:
                 break
             after_id = page[-1][0]
             summary.selected += len(page)
+            progress.update(summary.selected)
             summary.sample.extend(i for i, _, _ in page[: max(0, 20 - len(summary.sample))])
             dead = [i for i, state, _ in page if state is State.DEAD]
             live = [(i, urgent) for i, state, urgent in page if state is not State.DEAD]
@@ -154,6 +157,7 @@ class Replayer:
                     "replayed": summary.replayed,
                 },
             )
+        progress.finish()
         if audit is not None:
             await self._audit_finish(audit, summary)
         return summary
@@ -169,6 +173,7 @@ class Replayer:
         started_ms = int(time.time() * 1000)
         audit = await self._audit_start("dead-letter-queue", {"limit": limit}) if apply else None
         held: list[AbstractIncomingMessage] = []  # unacked until the end: not fetched twice
+        progress = Progress("replay")
         try:
             while summary.selected < bound:
                 message = await queue.get(no_ack=False, fail=False)
@@ -179,9 +184,11 @@ class Replayer:
                     held.append(message)  # newer than this replay: not ours to judge
                     break
                 summary.selected += 1
+                progress.update(summary.selected, bound)
                 if not await self._judge(message, summary, apply):
                     held.append(message)
         finally:
+            progress.finish()
             for message in held:
                 await message.nack(requeue=True)
         if audit is not None:

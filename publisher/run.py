@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import functools
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,10 +28,11 @@ import asyncpg
 from aio_pika.abc import AbstractConnection
 from opentelemetry import trace
 
-from service import admission, amqp, db, errors, ledger, logs, runs, schedule, telemetry
-from service.admission import NewDelivery
+from publisher.plan import plan_batch
+from service import admission, amqp, db, errors, ledger, logs, runs, telemetry
 from service.clock import Clock
 from service.ledger import State
+from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics
 
@@ -67,50 +68,6 @@ class RunResult:
         return errors.ExitCode.INCOMPLETE
 
 
-def plan_batch(
-    rows: Sequence[asyncpg.Record], now: datetime, settings: Settings
-) -> tuple[list[NewDelivery], list[tuple[str, datetime | None]]]:
-    """Owed occurrences (sent or skipped), those falling due within the look-ahead
-    included, and the new next_due_at of each reminder."""
-    horizon = now + timedelta(seconds=settings.publish_lookahead_seconds)
-    deliveries: list[NewDelivery] = []
-    advances: list[tuple[str, datetime | None]] = []
-    for row in rows:
-        try:
-            plan = schedule.plan_due(
-                schedule.from_row(row),
-                row["next_due_at"],
-                now,
-                row["missed_policy"],
-                timedelta(seconds=settings.misfire_grace_seconds),
-                settings.catch_up_limit,
-                horizon=horizon,
-            )
-        except schedule.ScheduleError as exc:
-            # A schedule that cannot be computed must not block the scan: stop it, loudly.
-            log.error(
-                "reminder schedule invalid; stopped firing",
-                extra={"event": "schedule_invalid", "reminder_id": row["id"], "reason": str(exc)},
-            )
-            advances.append((row["id"], None))
-            continue
-        owed = [(at, None) for at in plan.send] + list(plan.skipped)
-        for at, reason in owed:
-            deliveries.append(
-                NewDelivery(
-                    key=admission.schedule_key(row["id"], at, row["channel"]),
-                    reminder_id=row["id"],
-                    channel=row["channel"],
-                    provider=row["provider"],
-                    occurrence_at=at,
-                    urgent=row["urgent"],
-                    skip_reason=reason,
-                )
-            )
-        advances.append((row["id"], plan.next_due_at))
-    return deliveries, advances
-
-
 class PublishRun:
     """One run. ``publisher`` is None when the broker was unreachable: admission still
     records what is owed, and the run ends incomplete with those rows pending."""
@@ -139,6 +96,7 @@ class PublishRun:
         self._broker_unreachable = broker_error is not None
         self.counts = RunCounts()
         self.run_id = 0
+        self._paused: list[tuple[datetime, datetime]] = []  # windows admission was paused
 
     async def execute(
         self, intended_fire_at: datetime | None = None, *, rescue_only: bool = False
@@ -178,6 +136,7 @@ class PublishRun:
         try:
             if not rescue_only:
                 if not paused:
+                    self._paused = await runs.pause_windows(self._pool, oldest_due or now)
                     await self._admit_all(now)
                 await self._sweep_pending()
             await self._rescue()
@@ -213,7 +172,7 @@ class PublishRun:
             rows = await admission.lock_due_reminders(conn, horizon, limit)
             if not rows:
                 return None
-            new, advances = plan_batch(rows, now, self._settings)
+            new, advances = plan_batch(rows, now, self._settings, self._paused)
             inserted = await admission.insert_deliveries(conn, new, self.run_id)
             await admission.advance_reminders(conn, advances)
         self.counts.due += len(new)
@@ -257,7 +216,11 @@ class PublishRun:
                 rows = rows[:room]
             if not rows:
                 return
+        progress = Progress("rescue")  # on stderr, only when it is a terminal
+        progress.update(0, len(rows))
         confirmed, failed = await self._publisher.publish_many(rows, self._headers)
+        progress.update(len(rows), len(rows))
+        progress.finish()
         await ledger.mark_rescued(self._pool, confirmed)
         self.counts.rescued += len(confirmed)
         self.counts.failed += len(failed)

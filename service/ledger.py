@@ -58,6 +58,7 @@ class SendFacts:
     send_stale: bool
     destination_disabled: bool
     provider_paused_seconds: float = 0.0
+    run_held: bool = False  # its publish run is held by an operator (`relay runs hold`)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ def _facts(r: asyncpg.Record) -> SendFacts:
         send_stale=r["send_stale"],
         destination_disabled=r["destination_disabled"],
         provider_paused_seconds=r.get("provider_paused_seconds") or 0.0,
+        run_held=bool(r.get("run_held")),
     )
 
 

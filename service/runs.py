@@ -50,23 +50,53 @@ class RunReport:
     lateness_p95_seconds: float | None = None
     lateness_max_seconds: float | None = None
 
+    # channel -> ledger state -> rows of this run
+    channels: dict[str, dict[str, int]] = field(default_factory=dict)
+    held_at: datetime | None = None
+
     @property
     def delivered(self) -> int:
         return self.states.get(ledger.State.DELIVERED, 0)
 
     @property
+    def owed(self) -> int:
+        """Every occurrence the run admitted: sent, to be sent, dead or skipped."""
+        return sum(self.states.values())
+
+    @property
     def completion_ratio(self) -> float | None:
-        """Delivered + deliberately skipped, over everything the run created."""
-        total = sum(self.states.values())
-        if total == 0:
-            return None
-        return (self.delivered + self.states.get(ledger.State.SKIPPED, 0)) / total
+        """Delivered over owed: a skipped or dead delivery is not complete (someone did
+        not get it), and is shown beside the ratio."""
+        return completion(self.states)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["delivered"] = self.delivered
+        data["owed"] = self.owed
         data["completion_ratio"] = self.completion_ratio
+        data["by_channel"] = {
+            channel: summary(states) for channel, states in sorted(self.channels.items())
+        }
+        del data["channels"]
         return data
+
+
+def completion(states: dict[str, int]) -> float | None:
+    """Delivered over owed (None when nothing is owed)."""
+    total = sum(states.values())
+    return None if total == 0 else states.get(ledger.State.DELIVERED, 0) / total
+
+
+def summary(states: dict[str, int]) -> dict[str, Any]:
+    """owed, delivered, skipped, dead, pending (not final) and the completion ratio."""
+    return {
+        "owed": sum(states.values()),
+        "delivered": states.get(ledger.State.DELIVERED, 0),
+        "skipped": states.get(ledger.State.SKIPPED, 0),
+        "dead": states.get(ledger.State.DEAD, 0),
+        "pending": sum(states.get(s, 0) for s in ledger.OPEN_STATES),
+        "completion_ratio": completion(states),
+    }
 
 
 async def start(
@@ -107,14 +137,37 @@ async def finish(
     return result == "UPDATE 1"
 
 
+async def record_published(
+    executor: ledger.Executor, run_id: int, published: int, failed: int
+) -> None:
+    """A finished run that published afterwards (a backfill with --publish): its counts."""
+    await executor.execute(db.q("run_published_count"), run_id, published, failed)
+
+
 async def admission_paused(executor: ledger.Executor) -> bool:
     """Whether ``relay pause`` stopped the admission of scheduled occurrences."""
     return bool(await executor.fetchval(db.q("admission_paused")))
 
 
-async def set_admission_paused(executor: ledger.Executor, paused: bool, changed_by: str) -> bool:
-    """Pause or resume admission, recording who did it; returns the new setting."""
-    return bool(await executor.fetchval(db.q("set_admission"), paused, changed_by))
+async def set_admission_paused(conn: ledger.Connection, paused: bool, changed_by: str) -> bool:
+    """Pause or resume admission, recording who did it and the window it opens or closes
+    (occurrences due inside a window are skipped 'paused'); returns the new setting."""
+    async with conn.transaction():
+        result = bool(await conn.fetchval(db.q("set_admission"), paused, changed_by))
+        if paused:
+            await conn.execute(db.q("admission_pause_open"), changed_by)
+        else:
+            await conn.execute(db.q("admission_pause_close"), changed_by)
+    return result
+
+
+async def pause_windows(
+    executor: ledger.Executor, since: datetime
+) -> list[tuple[datetime, datetime]]:
+    """The windows (start, end) admission was paused that reach past ``since``; an open
+    one ends at infinity."""
+    rows = await executor.fetch(db.q("admission_pause_windows"), since)
+    return [(r["paused_at"], r["resumed_at"]) for r in rows]
 
 
 async def latest_with_work(executor: ledger.Executor) -> int | None:
@@ -165,6 +218,7 @@ async def _recent(
             published=r["published_count"],
             rescued=r["rescued_count"],
             failed_to_publish=r["failed_count"],
+            held_at=r["held_at"],
         )
         for r in rows
     }
@@ -181,3 +235,6 @@ async def _count_states(
             report.skipped_by_reason[row["skip_reason"]] = row["n"]
         if row["oldest_pending"] is not None:
             report.oldest_pending_seconds = (now - row["oldest_pending"]).total_seconds()
+    for row in await executor.fetch(db.q("run_channel_counts"), list(found)):
+        states = found[row["run_id"]].channels.setdefault(row["channel"], {})
+        states[row["state"]] = row["n"]

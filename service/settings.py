@@ -237,6 +237,14 @@ class Settings(channel_settings.ChannelSettings):
         default=5000, ge=1, description="Most rows one rescue pass republishes."
     )
 
+    # --- operators ------------------------------------------------------------------
+    run_hold_recheck_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A message for a row of a held run (`relay runs hold`) is parked this "
+        "long, without an attempt, before it looks again (s).",
+    )
+
     crash_at: str = Field(
         default="",
         description="Testing only: SIGKILL the process at these named points "

@@ -23,6 +23,7 @@ from typing import Any, TypeAlias
 import uvloop
 
 from service import errors, logs, settings
+from service.ops import cli_operators
 
 _log = logs.get("cli")
 # The folder holding service/, publisher/ and consumer/: frames there are this project's.
@@ -49,6 +50,7 @@ HANDLERS = {
     "replay": "publisher.commands:replay",
     "consume": "consumer.commands:consume",
     "console": "service.ops.console.run:main",
+    **cli_operators.HANDLERS,
 }
 
 
@@ -97,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_consume(sub)
     _add_status(sub)
     _add_destinations(sub)
+    cli_operators.add(sub, _command)
     _command(sub, "pause", "pause admission: publish runs record and exit", "relay pause")
     _command(sub, "resume", "resume admission", "relay resume")
     _add_partner_and_demo(sub)
@@ -133,6 +136,7 @@ def _add_reminders(sub: Subcommands) -> None:
     lst = _command(rsub, "list", "list reminders, by id", "relay reminders list --limit 20")
     lst.add_argument("--limit", type=int, default=50, help="most reminders to list (default 50)")
     lst.add_argument("--after", default=None, help="page after this id")
+    cli_operators.add_json(lst)
     show = _command(
         rsub,
         "show",
@@ -143,6 +147,7 @@ def _add_reminders(sub: Subcommands) -> None:
     show.add_argument(
         "--next", type=int, default=5, dest="count", help="how many occurrences (default 5)"
     )
+    cli_operators.add_json(show)
     cancel = _command(
         rsub,
         "cancel",
@@ -210,6 +215,13 @@ def _add_replay(sub: Subcommands) -> None:
         default=os.environ.get("USER", "unknown"),
         help="who replays, recorded with an applied replay (default: $USER)",
     )
+    rep.add_argument(
+        "--drop",
+        action="store_true",
+        help="with --from queue: drop (acknowledge, never replay) the dead letters that are "
+        "undecodable, name no delivery, or match the filters",
+    )
+    cli_operators.add_json(rep)
 
 
 def _add_consume(sub: Subcommands) -> None:

@@ -69,6 +69,15 @@ def _utc(at: datetime | None) -> str:
     return f"{at:%Y-%m-%d %H:%M:%S}" if at else "-"
 
 
+def _reminder_json(row: asyncpg.Record) -> dict[str, object]:
+    """A reminder as ``--json`` prints it: never its destination or payload."""
+    fields = ("id", "channel", "schedule_kind", "timezone", "missed_policy", "urgent")
+    data: dict[str, object] = {k: row[k] for k in fields if k in row.keys()}
+    data.update(schedule=_describe_schedule(row), next_due_at=row["next_due_at"])
+    data["active"] = row["active"]
+    return data
+
+
 def _describe_schedule(row: asyncpg.Record) -> str:
     if row["schedule_kind"] == "daily":
         return f"daily {row['daily_at']:%H:%M} {row['timezone']}"
@@ -80,6 +89,9 @@ def _describe_schedule(row: asyncpg.Record) -> str:
 async def reminders_list(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         rows = await pool.fetch(db.q("list_reminders"), args.after, args.limit)
+    if args.json:
+        print(status_mod.to_json({"reminders": [_reminder_json(r) for r in rows]}))
+        return errors.ExitCode.OK
     print(f"{'id':<28} {'channel':<8} {'schedule':<34} {'next due (UTC)':<20} active")
     for r in rows:
         print(
@@ -95,6 +107,17 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
     if row is None:
         print(f"relay: no reminder {args.id!r}", file=sys.stderr)
         return errors.ExitCode.INCOMPLETE
+    upcoming = _upcoming(row, args.count)
+    if args.json:
+        data = _reminder_json(row)
+        data.update(
+            provider=row["provider"],
+            payload_version=row["payload_version"],
+            stale_after_seconds=row["stale_after"].total_seconds() if row["stale_after"] else None,
+            next_occurrences=upcoming,
+        )
+        print(status_mod.to_json(data))
+        return errors.ExitCode.OK
     for key in (
         "id",
         "channel",
@@ -109,11 +132,6 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
         "next_due_at",
     ):
         print(f"{key:>16}: {row[key]}")
-    sched = schedule.from_row(row)
-    start = row["next_due_at"] or datetime.now(UTC)
-    upcoming = schedule.occurrences(sched, start, _horizon(start), args.count)
-    if row["next_due_at"] is None or not row["active"]:
-        upcoming = []
     print("next occurrences:" if upcoming else "next occurrences: none")
     from zoneinfo import ZoneInfo
 
@@ -124,6 +142,13 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
             f"= {at:%Y-%m-%d %H:%M} UTC"
         )
     return errors.ExitCode.OK
+
+
+def _upcoming(row: asyncpg.Record, count: int) -> list[datetime]:
+    if row["next_due_at"] is None or not row["active"]:
+        return []
+    start = row["next_due_at"]
+    return schedule.occurrences(schedule.from_row(row), start, _horizon(start), count)
 
 
 # How far ahead `reminders show` looks for occurrences: two years. A duration, not
@@ -158,26 +183,28 @@ async def status(args: argparse.Namespace, settings: Settings) -> int:
                 print("relay: no publish runs yet", file=sys.stderr)
                 return errors.ExitCode.INCOMPLETE
             rows = await status_mod.missing(pool, run_id, args.limit)
+            outbox = await status_mod.outbox_missing(pool, args.limit)
             print(
-                status_mod.to_json({"run_id": run_id, "missing": rows})
+                status_mod.to_json({"run_id": run_id, "missing": rows, "outbox_missing": outbox})
                 if args.json
-                else status_mod.render_missing(run_id, rows)
+                else status_mod.render_missing(run_id, rows, outbox)
             )
             return errors.ExitCode.OK
         reports = await runs.reports(
             pool, args.run, args.runs, now, nonempty=args.run is None and not args.all_runs
         )
         totals = await status_mod.overall(pool)
+        actions = await status_mod.actions(pool, [r.run_id for r in reports])
     if args.json:
-        print(status_mod.to_json({"runs": [r.as_dict() for r in reports], **totals}))
+        print(status_mod.to_json({"runs": status_mod.runs_json(reports, actions), **totals}))
     else:
-        print(status_mod.render_table(reports, totals))
+        print(status_mod.render_table(reports, totals, actions))
     return errors.ExitCode.OK
 
 
 async def _set_admission(settings: Settings, paused: bool) -> int:
-    async with _pool(settings) as pool:
-        await runs.set_admission_paused(pool, paused, getpass.getuser())
+    async with _pool(settings) as pool, pool.acquire() as conn:
+        await runs.set_admission_paused(conn, paused, getpass.getuser())
     print("admission paused: publish runs will record and exit" if paused else "admission resumed")
     return errors.ExitCode.OK
 

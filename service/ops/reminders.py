@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from service import db, entry, errors, limits, netpolicy, schedule
+from service.progress import Progress
 
 MAX_REPORTED_ERRORS = 20
 UPSERT_BATCH = 5000  # lines per chunk, at most
@@ -317,6 +318,7 @@ async def load(
     seen: set[str] = set()
     verdicts: dict[tuple[str, int], str | None] = {}
     loaded = 0
+    progress = Progress("load")  # on stderr, only when it is a terminal
     async with pool.acquire() as conn, conn.transaction():
         for chunk in _chunks(enumerate(lines, start=1)):
             items = parse_lines(chunk, when, allow, seen, problems)
@@ -324,6 +326,8 @@ async def load(
             if not problems.count and items:
                 await conn.execute(db.q("upsert_reminders"), *_columns(items))
                 loaded += len(items)
+                progress.update(loaded)
+        progress.finish()
         problems.raise_if_any()  # raising inside the block rolls the transaction back
     return loaded
 

@@ -9,11 +9,12 @@ module adds the operator-facing totals and renders text or JSON.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
-from service import db, ledger, runs
+from service import control, db, ledger, runs
 
 
 async def overall(pool: asyncpg.Pool) -> dict[str, Any]:
@@ -27,12 +28,40 @@ async def overall(pool: asyncpg.Pool) -> dict[str, Any]:
             default=None,
         ),
     }
-    return {"states": counts, "oldest_claimable_seconds": oldest, "outbox": outbox}
+    admission = await pool.fetchrow(db.q("admission_state"))
+    assert admission is not None
+    return {
+        "states": counts,
+        "oldest_claimable_seconds": oldest,
+        "outbox": outbox,
+        "admission": dict(admission),
+    }
 
 
 async def missing(pool: asyncpg.Pool, run_id: int, limit: int) -> list[dict[str, Any]]:
     rows = await pool.fetch(db.q("run_missing"), run_id, limit)
     return [dict(r) for r in rows]
+
+
+async def outbox_missing(pool: asyncpg.Pool, limit: int) -> list[dict[str, Any]]:
+    """Outbox intents not delivered: they belong to no run, and are owed all the same."""
+    rows = await pool.fetch(db.q("outbox_missing"), limit)
+    return [dict(r) for r in rows]
+
+
+async def actions(pool: asyncpg.Pool, run_ids: list[int]) -> list[control.RunAction]:
+    return await control.actions_of(pool, run_ids)
+
+
+def runs_json(
+    reports: list[runs.RunReport], recorded: list[control.RunAction]
+) -> list[dict[str, Any]]:
+    result = []
+    for r in reports:
+        data = r.as_dict()
+        data["actions"] = [a.__dict__ for a in recorded if a.run_id == r.run_id]
+        result.append(data)
+    return result
 
 
 # The table's "pending" column: rows not yet worked to an outcome or a retry.
@@ -43,7 +72,11 @@ def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
-def render_table(reports: list[runs.RunReport], totals: dict[str, Any]) -> str:
+def render_table(
+    reports: list[runs.RunReport],
+    totals: dict[str, Any],
+    recorded: list[control.RunAction] | None = None,
+) -> str:
     """A readable report for people."""
     header = (
         f"{'run':>5} {'status':<10} {'intended (UTC)':<17} {'lag s':>7} {'due':>6} "
@@ -67,6 +100,15 @@ def render_table(reports: list[runs.RunReport], totals: dict[str, Any]) -> str:
             lines.append(f"{'':>5} skipped by reason: {reasons}")
         if r.oldest_pending_seconds is not None:
             lines.append(f"{'':>5} oldest pending: {r.oldest_pending_seconds:.0f} s")
+        if r.held_at is not None:
+            lines.append(f"{'':>5} HELD since {r.held_at:%Y-%m-%d %H:%M:%S}")
+        lines.extend(_channel_lines(r))
+        for a in recorded or []:
+            if a.run_id == r.run_id:
+                lines.append(
+                    f"{'':>5} {a.at:%Y-%m-%d %H:%M:%S} {a.action} by {a.operator}: "
+                    f"{a.rows} rows" + (f" ({a.reason})" if a.reason else "")
+                )
         if r.lateness_max_seconds is not None:
             lines.append(
                 f"{'':>5} lateness (due -> accepted): p50 {r.lateness_p50_seconds:.2f} s, "
@@ -86,17 +128,44 @@ def render_table(reports: list[runs.RunReport], totals: dict[str, Any]) -> str:
     lines.append(
         "oldest claimable delivery: " + ("none" if oldest is None else f"{oldest:.0f} s old")
     )
+    admission = totals["admission"]
+    if admission["paused"]:
+        lines.append(
+            f"admission PAUSED since {admission['changed_at']:%Y-%m-%d %H:%M:%S} "
+            f"by {admission['changed_by']}: occurrences due now are skipped (paused)"
+        )
     return "\n".join(lines)
 
 
-def render_missing(run_id: int, rows: list[dict[str, Any]]) -> str:
+def _channel_lines(r: runs.RunReport) -> list[str]:
+    """Per channel: delivered / owed, with skipped, dead and pending beside it."""
+    lines = []
+    for channel, states in sorted(r.channels.items()):
+        s = runs.summary(states)
+        lines.append(
+            f"{'':>5} {channel}: delivered {s['delivered']}/{s['owed']} "
+            f"({_fmt_ratio(s['completion_ratio'])}), skipped {s['skipped']}, "
+            f"dead {s['dead']}, pending {s['pending']}"
+        )
+    return lines
+
+
+def render_missing(
+    run_id: int, rows: list[dict[str, Any]], outbox: list[dict[str, Any]] | None = None
+) -> str:
+    text = _render_missing_rows(f"run {run_id}", rows)
+    text += "\n" + _render_missing_rows("outbox intents (no run)", outbox or [])
+    return text
+
+
+def _render_missing_rows(what: str, rows: list[dict[str, Any]]) -> str:
     if not rows:
-        return f"run {run_id}: every delivery was delivered"
+        return f"{what}: every delivery was delivered"
     header = (
         f"{'delivery':>9} {'reminder':<24} {'channel':<8} {'state':<9} {'last':>5} "
         f"{'attempts':>8}  next attempt / reason"
     )
-    lines = [f"run {run_id}: {len(rows)} not delivered", header, "-" * len(header)]
+    lines = [f"{what}: {len(rows)} not delivered", header, "-" * len(header)]
     for r in rows:
         why = (
             f"{r['next_attempt_at']:%Y-%m-%d %H:%M:%S}"
@@ -104,11 +173,17 @@ def render_missing(run_id: int, rows: list[dict[str, Any]]) -> str:
             else (r["skip_reason"] or r["last_error"] or "")
         )
         lines.append(
-            f"{r['id']:>9} {str(r['reminder_id'])[:24]:<24} {r['channel']:<8} "
+            f"{r['id']:>9} {str(r['reminder_id'] or r.get('idempotency_key'))[:24]:<24} "
+            f"{r['channel']:<8} "
             f"{r['state']:<9} {r['last_status'] or '-':>5} {r['attempts']:>8}  {why}"
         )
     return "\n".join(lines)
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, default=str, indent=2, sort_keys=True)
+    """One JSON document: sorted keys, times in ISO 8601."""
+    return json.dumps(data, default=_default, indent=2, sort_keys=True)
+
+
+def _default(value: object) -> object:
+    return value.isoformat() if isinstance(value, datetime) else str(value)

@@ -219,7 +219,9 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
        coalesce(r.send_stale, false) AS send_stale,
        EXISTS (SELECT 1 FROM disabled_destinations AS dd
                WHERE dd.destination = coalesce(c.destination, r.destination))
-           AS destination_disabled
+           AS destination_disabled,
+       EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = c.run_id AND p.held_at IS NOT NULL)
+           AS run_held
 FROM claimed AS c LEFT JOIN reminders AS r ON r.id = c.reminder_id;
 
 -- name: unclaimable
@@ -246,7 +248,9 @@ SELECT d.id, d.attempts,
                WHERE dd.destination = coalesce(d.destination, r.destination))
            AS destination_disabled,
        greatest(0, extract(epoch FROM b.paused_until - clock_timestamp()))::float8
-           AS provider_paused_seconds
+           AS provider_paused_seconds,
+       EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = d.run_id AND p.held_at IS NOT NULL)
+           AS run_held
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 LEFT JOIN rate_budgets AS b ON b.provider = d.provider
@@ -363,7 +367,7 @@ SELECT count(*) FROM deliveries WHERE state IN ('queued', 'retrying', 'sending')
 
 -- name: runs_recent
 SELECT id, kind, status, intended_fire_at, started_at, finished_at, due_count, created_count,
-       skipped_count, published_count, rescued_count, failed_count, error
+       skipped_count, published_count, rescued_count, failed_count, error, held_at
 FROM publish_runs
 WHERE ($1::bigint IS NULL OR id = $1) AND ($3::text IS NULL OR kind = $3)
   AND (NOT $4::bool OR created_count > 0)
@@ -640,3 +644,195 @@ WHERE ($1::text IS NULL OR left(encode(sha256(convert_to(
           coalesce(r.destination, dd.destination), 'UTF8')), 'hex'), 16) = $1)
 ORDER BY dd.disabled_at IS NULL, 1
 LIMIT $2;
+
+---------------------------------------------------------------------------- operators
+
+-- name: delivery_show
+-- One delivery's story: the row, its run, and its reminder's description (never the
+-- reminder's destination or payload). By id ($1) or by idempotency key ($2).
+SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
+       d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
+       d.next_attempt_at, d.lease_expires_at, d.last_status, d.last_error, d.receipt,
+       d.skip_reason, d.run_id, d.created_at, d.published_at, d.first_attempt_at,
+       d.finished_at, d.dead_lettered_at,
+       coalesce(d.destination, r.destination) AS destination,
+       r.schedule_kind, r.daily_at, r.cron, r.due_at, r.timezone, r.missed_policy,
+       r.active AS reminder_active, r.next_due_at AS reminder_next_due_at,
+       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at
+FROM deliveries AS d
+LEFT JOIN reminders AS r ON r.id = d.reminder_id
+LEFT JOIN publish_runs AS p ON p.id = d.run_id
+WHERE ($1::bigint IS NOT NULL AND d.id = $1) OR ($2::text IS NOT NULL AND d.idempotency_key = $2);
+
+-- name: delivery_attempts_of
+SELECT attempt, outcome, http_status, latency_ms, error, response_excerpt, started_at,
+       finished_at, stale, possibly_delivered
+FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt;
+
+-- name: deliveries_list
+-- One page of deliveries by the operator's filters (NULL = any), newest first; keyset
+-- paging with $9 (the last id of the previous page).
+SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.state::text AS state,
+       d.attempts, d.last_status, d.last_error, d.skip_reason, d.run_id, d.occurrence_at,
+       d.created_at, d.finished_at
+FROM deliveries AS d
+LEFT JOIN reminders AS r ON r.id = d.reminder_id
+WHERE ($1::text[] IS NULL OR d.state::text = ANY($1::text[]))
+  AND ($2::bigint IS NULL OR d.run_id = $2)
+  AND ($3::text IS NULL OR d.reminder_id = $3)
+  AND ($4::text IS NULL OR coalesce(d.destination, r.destination) = $4)
+  AND ($5::text IS NULL OR d.channel = $5)
+  AND ($6::timestamptz IS NULL OR d.occurrence_at >= $6)
+  AND ($7::timestamptz IS NULL OR d.occurrence_at < $7)
+  AND ($9::bigint IS NULL OR d.id < $9)
+ORDER BY d.id DESC
+LIMIT $8;
+
+-- name: runs_list
+-- Recent runs with their deliveries' states, newest first; keyset paging with $2.
+SELECT p.id, p.kind, p.status, p.intended_fire_at, p.started_at, p.finished_at, p.held_at,
+       p.created_count,
+       count(d.id) AS owed,
+       count(d.id) FILTER (WHERE d.state = 'delivered') AS delivered,
+       count(d.id) FILTER (WHERE d.state = 'skipped') AS skipped,
+       count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
+       count(d.id) FILTER (WHERE d.state IN ('pending', 'queued', 'sending', 'retrying'))
+           AS open
+FROM publish_runs AS p
+LEFT JOIN deliveries AS d ON d.run_id = p.id
+WHERE ($2::bigint IS NULL OR p.id < $2) AND (NOT $3::bool OR p.created_count > 0)
+GROUP BY p.id
+ORDER BY p.id DESC
+LIMIT $1;
+
+-- name: run_exists
+SELECT id, held_at FROM publish_runs WHERE id = $1;
+
+-- name: run_hold
+UPDATE publish_runs SET held_at = now() WHERE id = $1 AND held_at IS NULL RETURNING id;
+
+-- name: run_release
+UPDATE publish_runs SET held_at = NULL WHERE id = $1 AND held_at IS NOT NULL RETURNING id;
+
+-- name: run_open_counts
+-- A run's rows that an operator's action would move (not final) and those in flight now
+-- (claimed by a consumer, left alone: their request may be on its way).
+SELECT count(*) FILTER (WHERE state IN ('pending', 'queued', 'retrying')) AS movable,
+       count(*) FILTER (WHERE state = 'sending') AS in_flight
+FROM deliveries WHERE run_id = $1;
+
+-- name: run_cancel
+-- A run's rows not final and not in flight -> skipped (cancelled). Locked in id order.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE run_id = $1 AND state IN ('pending', 'queued', 'retrying')
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE deliveries AS d SET state = 'skipped', skip_reason = 'cancelled', finished_at = now(),
+                           next_attempt_at = NULL
+FROM locked
+WHERE d.id = locked.id AND d.state IN ('pending', 'queued', 'retrying')
+RETURNING d.id;
+
+-- name: run_dead_letter
+-- A run's rows not final and not in flight -> dead (replayable). The dead letter is not
+-- confirmed yet: a message still parked for the row publishes it when it arrives.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE run_id = $1 AND state IN ('pending', 'queued', 'retrying')
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE deliveries AS d SET state = 'dead', finished_at = now(), next_attempt_at = NULL,
+                           last_error = left('dead-lettered by an operator: ' || $2, 500)
+FROM locked
+WHERE d.id = locked.id AND d.state IN ('pending', 'queued', 'retrying')
+RETURNING d.id;
+
+-- name: run_release_parked
+-- On release: rows parked while the run was held are due again now.
+UPDATE deliveries SET next_attempt_at = now()
+WHERE run_id = $1 AND state = 'retrying' AND next_attempt_at > now()
+RETURNING id;
+
+-- name: run_action_record
+INSERT INTO run_actions (run_id, action, operator, reason, rows) VALUES ($1, $2, $3, $4, $5)
+RETURNING id, at;
+
+-- name: run_actions_of
+SELECT run_id, action, operator, reason, rows, at FROM run_actions
+WHERE run_id = ANY($1::bigint[]) ORDER BY id;
+
+-- name: admission_pause_open
+INSERT INTO admission_pauses (paused_by) VALUES ($1) ON CONFLICT DO NOTHING;
+
+-- name: admission_pause_close
+UPDATE admission_pauses SET resumed_at = now(), resumed_by = $1 WHERE resumed_at IS NULL;
+
+-- name: admission_pause_windows
+-- Windows that cover anything at or after $1 (an open one reaches until now).
+SELECT paused_at, coalesce(resumed_at, 'infinity'::timestamptz) AS resumed_at
+FROM admission_pauses
+WHERE coalesce(resumed_at, 'infinity'::timestamptz) > $1
+ORDER BY paused_at;
+
+-- name: backfill_reminders
+SELECT id, channel, provider, urgent, schedule_kind, due_at, daily_at, cron, timezone,
+       missed_policy, next_due_at, active
+FROM reminders
+WHERE ($1::text IS NULL AND active) OR id = $1
+ORDER BY id;
+
+-- name: deliveries_by_keys
+SELECT idempotency_key, state::text AS state, skip_reason FROM deliveries
+WHERE idempotency_key = ANY($1::text[]);
+
+-- name: reopen_paused
+-- Backfill: occurrences skipped because admission was paused are owed again, on purpose,
+-- as rows of the backfill run. Any other row is left as it is.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE idempotency_key = ANY($1::text[]) AND state = 'skipped' AND skip_reason = 'paused'
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE deliveries AS d SET state = 'pending', skip_reason = NULL, finished_at = NULL,
+                           run_id = $2
+FROM locked
+WHERE d.id = locked.id AND d.state = 'skipped'
+RETURNING d.id, d.urgent, d.state, d.occurrence_at;
+
+-- name: outbox_missing
+-- Outbox intents not delivered (they belong to no run), newest first.
+SELECT d.id, d.reminder_id, d.idempotency_key, d.channel, d.state::text AS state,
+       d.last_status, d.last_error, d.next_attempt_at, d.skip_reason, d.attempts,
+       d.occurrence_at
+FROM deliveries AS d
+WHERE d.source = 'outbox' AND d.state <> 'delivered'
+ORDER BY d.id DESC
+LIMIT $1;
+
+-- name: run_channel_counts
+SELECT run_id, channel, state::text AS state, count(*) AS n
+FROM deliveries
+WHERE run_id = ANY($1::bigint[])
+GROUP BY run_id, channel, state;
+
+-- name: replay_dropped
+UPDATE replays SET selected = $2, dropped = $3, finished_at = now() WHERE id = $1;
+
+-- name: admission_state
+SELECT paused, changed_at, changed_by FROM admission;
+
+-- name: run_published_count
+-- A backfill that published at once: its run's confirmed and failed publishes.
+UPDATE publish_runs SET published_count = $2, failed_count = $3,
+                        status = CASE WHEN $3 > 0 THEN 'incomplete' ELSE status END
+WHERE id = $1;
+
+-- name: delivery_for_drop
+-- What `relay replay --drop` matches a dead letter's delivery against.
+SELECT id, state::text AS state, created_at, run_id, reminder_id, provider, channel,
+       idempotency_key AS key, last_status
+FROM deliveries WHERE id = $1;

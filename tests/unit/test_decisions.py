@@ -74,6 +74,12 @@ def test_cancelled_wins_over_every_other_fact() -> None:
     assert decisions.verdict(facts, has_destination=True) == decisions.Skip("cancelled")
 
 
+def test_a_row_of_a_held_run_is_parked_before_any_other_fact_is_read() -> None:
+    facts = replace(FRESH, run_held=True, active=False, destination_disabled=True)
+    verdict = decisions.verdict(facts, has_destination=True, held_recheck_seconds=12.5)
+    assert verdict == decisions.Hold(decisions.RUN_HELD, 12.5)
+
+
 def test_older_than_stale_after_is_skipped_as_stale() -> None:
     facts = replace(FRESH, age_seconds=3600.5)
     assert decisions.verdict(facts, has_destination=True) == decisions.Skip("stale")

@@ -1,0 +1,265 @@
+"""``relay deliveries show`` and ``relay deliveries list``: one delivery's story, and the
+deliveries an operator filters for.
+
+``show`` prints the row, its reminder (schedule, policy, state) or that it is an outbox
+intent, its run, and every attempt: start, duration, outcome, HTTP status or error
+class, and the provider's reply excerpt, bounded and redacted. Recipients, payloads and
+secrets are never printed: a webhook destination is shown as its scheme and host, an
+e-mail address or phone number not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from service import db, errors, logs
+from service.ledger import State
+from service.settings import Settings
+
+EXCERPT_LIMIT = 200  # characters of a provider reply or an error shown per attempt
+
+
+@asynccontextmanager
+async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
+    pool = await db.create_pool(settings, size=2)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def to_json(data: Any) -> str:
+    """One JSON document: sorted keys, times in ISO 8601."""
+    return json.dumps(data, default=_default, indent=2, sort_keys=True)
+
+
+def _default(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def parse_time(value: str | None, name: str) -> datetime | None:
+    """An ISO 8601 time with a UTC offset from an option (exit 2 otherwise)."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise errors.ConfigError(f"{name}: not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise errors.ConfigError(f"{name}: needs a UTC offset, e.g. {value}+00:00")
+    return parsed
+
+
+def shown_destination(channel: str, destination: str | None) -> str | None:
+    """What may be printed of a destination: a webhook's scheme and host, nothing else."""
+    if destination is None:
+        return None
+    if channel != "webhook":
+        return f"({channel} recipient not shown)"
+    parts = urlsplit(destination)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def clean(text: str | None, limit: int = EXCERPT_LIMIT) -> str | None:
+    """Text from outside (a reply, an error) made safe to print: redacted, one line, cut."""
+    if text is None:
+        return None
+    flat = " ".join(logs.redact(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _schedule(row: asyncpg.Record) -> str | None:
+    kind = row["schedule_kind"]
+    if kind is None:
+        return None
+    if kind == "daily":
+        return f"daily {row['daily_at']:%H:%M} {row['timezone']}"
+    if kind == "cron":
+        return f"cron {row['cron']} {row['timezone']}"
+    return f"once {row['due_at']:%Y-%m-%d %H:%M:%S}Z"
+
+
+_ROW_FIELDS = (
+    "id idempotency_key source channel provider state occurrence_at urgent attempts replays "
+    "next_attempt_at last_status last_error receipt skip_reason run_id created_at "
+    "published_at first_attempt_at finished_at dead_lettered_at"
+).split()
+
+
+def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]:
+    """The JSON document of ``deliveries show`` (stable field names, documented)."""
+    data: dict[str, Any] = {name: row[name] for name in _ROW_FIELDS}
+    data["last_error"] = clean(row["last_error"])
+    data["receipt"] = clean(row["receipt"])
+    data["destination"] = shown_destination(row["channel"], row["destination"])
+    data["intent"] = None
+    if row["source"] == "outbox":
+        data["intent"] = {"source": "outbox", "key": row["idempotency_key"]}
+        data["reminder"] = None
+    else:
+        data["reminder"] = {
+            "id": row["reminder_id"],
+            "schedule": _schedule(row),
+            "missed_policy": row["missed_policy"],
+            "active": row["reminder_active"],
+            "next_due_at": row["reminder_next_due_at"],
+        }
+    data["run"] = (
+        None
+        if row["run_id"] is None
+        else {
+            "id": row["run_id"],
+            "kind": row["run_kind"],
+            "status": row["run_status"],
+            "held": row["run_held_at"] is not None,
+        }
+    )
+    data["attempt_history"] = [
+        {
+            "attempt": a["attempt"],
+            "started_at": a["started_at"],
+            "finished_at": a["finished_at"],
+            "duration_ms": None if a["latency_ms"] is None else round(a["latency_ms"], 1),
+            "outcome": a["outcome"],
+            "http_status": a["http_status"],
+            "error": clean(a["error"]),
+            "reply_excerpt": clean(a["response_excerpt"]),
+            "possibly_delivered": a["possibly_delivered"],
+            "stale": a["stale"],
+        }
+        for a in attempts
+    ]
+    return data
+
+
+def _t(value: datetime | None) -> str:
+    return "-" if value is None else f"{value:%Y-%m-%d %H:%M:%S}"
+
+
+def render_story(data: dict[str, Any]) -> str:
+    lines = [f"delivery {data['id']}  {data['idempotency_key']}"]
+    for key in ("state", "skip_reason", "channel", "provider", "destination", "occurrence_at"):
+        value = data[key]
+        if value is not None:
+            lines.append(f"  {key:<16} {_t(value) if isinstance(value, datetime) else value}")
+    lines.append(f"  {'attempts':<16} {data['attempts']} (replays {data['replays']})")
+    for key in ("last_status", "last_error", "next_attempt_at", "receipt"):
+        if data[key] is not None:
+            value = data[key]
+            lines.append(f"  {key:<16} {_t(value) if isinstance(value, datetime) else value}")
+    created, finished = _t(data["created_at"]), _t(data["finished_at"])
+    lines.append(f"  {'created/final':<16} {created} / {finished}")
+    if data["reminder"] is not None:
+        r = data["reminder"]
+        active = "active" if r["active"] else "inactive or gone"
+        lines.append(
+            f"  reminder         {r['id']}: {r['schedule'] or '-'}, "
+            f"missed_policy {r['missed_policy'] or '-'}, {active}"
+        )
+    else:
+        lines.append("  intent           outbox (committed by an application)")
+    if data["run"] is not None:
+        run = data["run"]
+        held = ", HELD" if run["held"] else ""
+        lines.append(f"  run              {run['id']} ({run['kind']}, {run['status']}{held})")
+    history = data["attempt_history"]
+    lines.append(f"attempts ({len(history)}):" if history else "attempts: none")
+    for a in history:
+        answer = a["http_status"] if a["http_status"] is not None else (a["error"] or "-")
+        took = "-" if a["duration_ms"] is None else f"{a['duration_ms']:.0f} ms"
+        lines.append(
+            f"  #{a['attempt']:<3} {_t(a['started_at'] or a['finished_at'])}  {took:>8}  "
+            f"{a['outcome']:<9} {answer}"
+        )
+        if a["reply_excerpt"]:
+            lines.append(f"        reply: {a['reply_excerpt']}")
+        if a["error"] and a["http_status"] is not None:
+            lines.append(f"        error: {a['error']}")
+    return "\n".join(lines)
+
+
+async def show(args: argparse.Namespace, settings: Settings) -> int:
+    if (args.id is None) == (args.key is None):
+        raise errors.ConfigError("deliveries show: give an ID or --key KEY (one of them)")
+    async with open_pool(settings) as pool:
+        row = await pool.fetchrow(db.q("delivery_show"), args.id, args.key)
+        if row is None:
+            what = f"id {args.id}" if args.id is not None else f"key {args.key!r}"
+            print(f"relay: no delivery with {what}", file=sys.stderr)
+            return errors.ExitCode.INCOMPLETE
+        attempts = list(await pool.fetch(db.q("delivery_attempts_of"), row["id"]))
+    data = story(row, attempts)
+    print(to_json(data) if args.json else render_story(data))
+    return errors.ExitCode.OK
+
+
+def _states(names: list[str] | None) -> list[str] | None:
+    if not names:
+        return None
+    valid = {s.value for s in State}
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise errors.ConfigError(
+            f"--state: unknown {', '.join(bad)} (choose from {', '.join(s.value for s in State)})"
+        )
+    return names
+
+
+async def list_(args: argparse.Namespace, settings: Settings) -> int:
+    if args.limit < 1:
+        raise errors.ConfigError("--limit: must be at least 1")
+    params = (
+        _states(args.state),
+        args.run,
+        args.reminder,
+        args.destination,
+        args.channel,
+        parse_time(args.since, "--since"),
+        parse_time(args.until, "--until"),
+        args.limit + 1,  # one more tells whether another page follows
+        args.before,
+    )
+    async with open_pool(settings) as pool:
+        rows = [dict(r) for r in await pool.fetch(db.q("deliveries_list"), *params)]
+    more = len(rows) > args.limit
+    rows = rows[: args.limit]
+    for r in rows:
+        r["last_error"] = clean(r["last_error"])
+    next_before = rows[-1]["id"] if more else None
+    if args.json:
+        print(to_json({"deliveries": rows, "next_before": next_before}))
+        return errors.ExitCode.OK
+    print(render_list(rows, next_before))
+    return errors.ExitCode.OK
+
+
+def render_list(rows: list[dict[str, Any]], next_before: int | None) -> str:
+    if not rows:
+        return "no deliveries match"
+    header = (
+        f"{'id':>8} {'state':<9} {'channel':<8} {'run':>5} {'reminder / key':<34} "
+        f"{'due (UTC)':<19} {'att':>3} {'last':>4}  reason"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        who = r["reminder_id"] or r["idempotency_key"]
+        why = r["skip_reason"] or r["last_error"] or ""
+        lines.append(
+            f"{r['id']:>8} {r['state']:<9} {r['channel']:<8} {r['run_id'] or '-':>5} "
+            f"{who[:34]:<34} {_t(r['occurrence_at']):<19} {r['attempts']:>3} "
+            f"{r['last_status'] or '-':>4}  {why[:60]}"
+        )
+    if next_before is not None:
+        lines.append(f"more: add --before {next_before} for the next page")
+    return "\n".join(lines)

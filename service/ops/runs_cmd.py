@@ -1,0 +1,129 @@
+"""``relay runs``: list publish runs and steer one (hold, release, cancel, dead-letter).
+
+Every action is a dry run unless ``--apply``, takes ``--reason``, is idempotent (a
+second time changes nothing and records nothing) and, applied, is recorded with who,
+when, why and how many rows in ``run_actions``, which ``relay status --run RUN`` shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from service import control, db, errors
+from service.ops.deliveries import open_pool, to_json
+from service.settings import Settings
+
+_EFFECT = {
+    "hold": "held: its rows are not sent (messages parked, no attempt) until released",
+    "release": "released: its held rows are sent again",
+    "cancel": "cancelled: its rows not final were skipped (reason cancelled)",
+    "dead-letter": "dead-lettered: its rows not final are dead (replayable: relay replay)",
+}
+
+
+async def list_(args: argparse.Namespace, settings: Settings) -> int:
+    if args.limit < 1:
+        raise errors.ConfigError("--limit: must be at least 1")
+    async with open_pool(settings) as pool:
+        rows = await pool.fetch(db.q("runs_list"), args.limit + 1, args.before, not args.all_runs)
+    found = [_run_row(dict(r)) for r in rows[: args.limit]]
+    next_before = found[-1]["run_id"] if len(rows) > args.limit else None
+    if args.json:
+        print(to_json({"runs": found, "next_before": next_before}))
+        return errors.ExitCode.OK
+    print(render_runs(found, next_before))
+    return errors.ExitCode.OK
+
+
+def _run_row(r: dict[str, Any]) -> dict[str, Any]:
+    owed = r["owed"]
+    return {
+        "run_id": r["id"],
+        "kind": r["kind"],
+        "status": r["status"],
+        "held": r["held_at"] is not None,
+        "held_at": r["held_at"],
+        "intended_fire_at": r["intended_fire_at"],
+        "started_at": r["started_at"],
+        "finished_at": r["finished_at"],
+        "owed": owed,
+        "delivered": r["delivered"],
+        "skipped": r["skipped"],
+        "dead": r["dead"],
+        "pending": r["open"],
+        "completion_ratio": r["delivered"] / owed if owed else None,
+    }
+
+
+def render_runs(found: list[dict[str, Any]], next_before: int | None) -> str:
+    if not found:
+        return "no runs"
+    header = (
+        f"{'run':>5} {'kind':<8} {'status':<10} {'intended (UTC)':<16} {'owed':>6} "
+        f"{'delivered':>9} {'skipped':>7} {'dead':>5} {'pending':>7} {'complete':>8}  held"
+    )
+    lines = [header, "-" * len(header)]
+    for r in found:
+        ratio = "-" if r["completion_ratio"] is None else f"{r['completion_ratio'] * 100:.1f}%"
+        lines.append(
+            f"{r['run_id']:>5} {r['kind']:<8} {r['status']:<10} "
+            f"{r['intended_fire_at']:%Y-%m-%d %H:%M} {r['owed']:>6} {r['delivered']:>9} "
+            f"{r['skipped']:>7} {r['dead']:>5} {r['pending']:>7} {ratio:>8}  "
+            f"{'HELD' if r['held'] else ''}"
+        )
+    if next_before is not None:
+        lines.append(f"more: add --before {next_before} for the next page")
+    return "\n".join(lines)
+
+
+async def _act(args: argparse.Namespace, settings: Settings, action: str) -> int:
+    async with open_pool(settings) as pool, pool.acquire() as conn:
+        result = await control.act_on_run(
+            conn, args.run, action, operator=args.operator, reason=args.reason, apply=args.apply
+        )
+    if result is None:
+        print(f"relay: no run {args.run}", file=sys.stderr)
+        return errors.ExitCode.INCOMPLETE
+    if args.json:
+        print(to_json(result.as_dict()))
+        return errors.ExitCode.OK
+    print(render_action(result))
+    return errors.ExitCode.OK
+
+
+def render_action(result: control.ActionResult) -> str:
+    run = f"run {result.run_id}"
+    flight = (
+        f"; {result.in_flight} in flight now (left alone; run it again after they settle)"
+        if result.in_flight and result.action in ("cancel", "dead-letter")
+        else ""
+    )
+    if not result.changed:
+        already = {"hold": "already held", "release": "not held"}.get(
+            result.action, "has no rows to move"
+        )
+        return f"{run} {already}: nothing to do{flight}"
+    if not result.applied:
+        return (
+            f"{run} would be {_EFFECT[result.action].split(':')[0]}: {result.rows} rows"
+            f"{flight}\n  dry run: nothing changed; add --apply to do it"
+        )
+    return f"{run} {_EFFECT[result.action]}: {result.rows} rows{flight}"
+
+
+async def hold(args: argparse.Namespace, settings: Settings) -> int:
+    return await _act(args, settings, "hold")
+
+
+async def release(args: argparse.Namespace, settings: Settings) -> int:
+    return await _act(args, settings, "release")
+
+
+async def cancel(args: argparse.Namespace, settings: Settings) -> int:
+    return await _act(args, settings, "cancel")
+
+
+async def dead_letter(args: argparse.Namespace, settings: Settings) -> int:
+    return await _act(args, settings, "dead-letter")

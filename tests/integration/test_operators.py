@@ -1,0 +1,300 @@
+"""Operators in control, through the real `relay` CLI against real servers: one delivery's
+story, listings with --json, per-run hold/release/cancel/dead-letter, pauses that skip,
+backfill on purpose, a report that counts outbox intents, dropping dead letters, and
+progress on a terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pty
+from datetime import UTC, datetime, timedelta
+
+import aio_pika
+import asyncpg
+
+from service import amqp, messages, outbox
+from service.ops import partner as partner_mod
+from service.settings import Settings
+from tests.support import relay as rs
+from tests.support.relay import RunningPartner
+
+
+async def _ok(settings: Settings, *args: str, **env: str) -> str:
+    result = await rs.relay(settings, *args, **env)
+    assert result.code == 0, (args, result.stdout, result.stderr)
+    return result.stdout
+
+
+async def _json(settings: Settings, *args: str) -> dict:  # type: ignore[type-arg]
+    data: dict = json.loads(await _ok(settings, *args, "--json"))  # type: ignore[type-arg]
+    return data
+
+
+async def _settled(pool: asyncpg.Pool, **expected: int) -> bool:
+    states = await rs.states(pool)
+    return all(states.get(k, 0) == v for k, v in expected.items())
+
+
+async def test_deliveries_show_tells_one_delivery_story_and_list_filters_and_pages(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    partner.state.rules["bad"] = partner_mod.PathRule(status=400)
+    partner.state.rules["flaky"] = partner_mod.PathRule(status=503, first_n_per_key=1)
+    lines = [rs.line(f"ok{i}", partner.url("ok")) for i in range(3)]
+    lines += [rs.line("bad1", partner.url("bad")), rs.line("flaky1", partner.url("flaky"))]
+    await rs.load(pool, lines)
+    await _ok(settings, "publish")
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _settled(pool, delivered=4, dead=1), 60, "settled")
+    bad = await pool.fetchrow(
+        "SELECT id, idempotency_key, run_id FROM deliveries WHERE reminder_id = 'bad1'"
+    )
+    assert bad is not None
+
+    text = await _ok(settings, "deliveries", "show", str(bad["id"]))
+    assert f"delivery {bad['id']}" in text and "dead" in text and "rejected" in text
+    assert "reminder         bad1" in text and f"run              {bad['run_id']}" in text
+    # The webhook destination is its scheme and host only: never the path or the payload.
+    assert f"http://127.0.0.1:{partner.port}" in text and "/hooks/bad" not in text
+    assert "hello bad1" not in text
+
+    story = await _json(settings, "deliveries", "show", "--key", bad["idempotency_key"])
+    assert (story["id"], story["state"], story["reminder"]["id"]) == (bad["id"], "dead", "bad1")
+    assert [(a["attempt"], a["outcome"], a["http_status"]) for a in story["attempt_history"]] == [
+        (1, "rejected", 400)
+    ]
+    assert story["attempt_history"][0]["duration_ms"] is not None
+    flaky = await pool.fetchval("SELECT id FROM deliveries WHERE reminder_id = 'flaky1'")
+    flaky_story = await _json(settings, "deliveries", "show", str(flaky))
+    assert [a["outcome"] for a in flaky_story["attempt_history"]] == ["retry", "accepted"]
+    missing = await rs.relay(settings, "deliveries", "show", "999999")
+    assert missing.code == 1 and "no delivery" in missing.stderr
+
+    dead = await _json(settings, "deliveries", "list", "--state", "dead")
+    assert [d["reminder_id"] for d in dead["deliveries"]] == ["bad1"]
+    by_run = await _json(settings, "deliveries", "list", "--run", str(bad["run_id"]))
+    assert len(by_run["deliveries"]) == 5 and by_run["next_before"] is None
+    by_dest = await _json(settings, "deliveries", "list", "--destination", partner.url("flaky"))
+    assert [d["reminder_id"] for d in by_dest["deliveries"]] == ["flaky1"]
+    assert (await _json(settings, "deliveries", "list", "--channel", "sms"))["deliveries"] == []
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    assert (await _json(settings, "deliveries", "list", "--since", future))["deliveries"] == []
+    assert len((await _json(settings, "deliveries", "list", "--until", future))["deliveries"]) == 5
+    # Paging: newest first, two at a time, every row once.
+    seen: list[int] = []
+    before: list[str] = []
+    while True:
+        page = await _json(settings, "deliveries", "list", "--limit", "2", *before)
+        seen += [d["id"] for d in page["deliveries"]]
+        if page["next_before"] is None:
+            break
+        before = ["--before", str(page["next_before"])]
+    assert seen == sorted(seen, reverse=True) and len(set(seen)) == 5
+    table = await _ok(settings, "deliveries", "list", "--reminder", "bad1")
+    assert "bad1" in table and "ok1" not in table
+    bad_state = await rs.relay(settings, "deliveries", "list", "--state", "lost")
+    assert bad_state.code == 2 and "--state" in bad_state.stderr
+
+
+async def test_paused_occurrences_are_skipped_and_backfill_admits_them_once_on_purpose(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    start = datetime.now(UTC)
+    # A one-shot that falls due while admission is paused, and one due before the pause.
+    await rs.load(
+        pool,
+        [
+            rs.line("during", partner.url(), due_at=start + timedelta(seconds=1.5)),
+            rs.line("before", partner.url(), due_at=start - timedelta(minutes=1)),
+        ],
+    )
+    await asyncio.sleep(0.2)
+    await _ok(settings, "pause")
+    assert "admission PAUSED" in await _ok(settings, "status")
+    await asyncio.sleep(2.0)
+    await _ok(settings, "resume")
+    await _ok(settings, "publish")
+    rows = {
+        r["reminder_id"]: (r["state"], r["skip_reason"])
+        for r in await pool.fetch(
+            "SELECT reminder_id, state::text AS state, skip_reason FROM deliveries"
+        )
+    }
+    # Due before the pause: the missed-fire policy's business (sent). During: skipped.
+    assert rows == {"during": ("skipped", "paused"), "before": ("queued", None)}
+    report = await _json(settings, "status")
+    assert report["runs"][0]["skipped_by_reason"] == {"paused": 1}
+    await _ok(settings, "publish")  # resume does not replay
+    assert await pool.fetchval("SELECT count(*) FROM deliveries") == 2
+
+    window = ("--from", (start - timedelta(minutes=5)).isoformat())
+    dry = await _json(settings, "backfill", "--reminder", "during", *window)
+    assert (dry["apply"], dry["in_window"], dry["reopened"], dry["new"]) == (False, 1, 1, 0)
+    assert (
+        await pool.fetchval("SELECT state::text FROM deliveries WHERE reminder_id = 'during'")
+        == "skipped"
+    )
+    done = await _json(settings, "backfill", "--reminder", "during", *window, "--apply")
+    assert (done["reopened"], done["new"], done["run_id"] is not None) == (1, 0, True)
+    again = await _json(settings, "backfill", "--reminder", "during", *window, "--apply")
+    assert (again["reopened"], again["new"], again["already"]) == (0, 0, 1)
+    row = await pool.fetchrow(
+        "SELECT d.state::text AS state, p.kind FROM deliveries d JOIN publish_runs p"
+        " ON p.id = d.run_id WHERE reminder_id = 'during'"
+    )
+    assert (row["state"], row["kind"]) == ("pending", "backfill")
+    await _ok(settings, "publish")  # the next publish run's sweep sends it
+    assert (
+        await pool.fetchval("SELECT state::text FROM deliveries WHERE reminder_id = 'during'")
+        == "queued"
+    )
+
+
+async def test_backfill_admits_the_occurrences_the_ledger_lacks_and_publishes_at_once(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    await rs.load(pool, [rs.line("every-minute", partner.url(), cron="* * * * *")])
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    window = (
+        "--from",
+        (now - timedelta(minutes=4, seconds=30)).isoformat(),
+        "--to",
+        (now - timedelta(seconds=30)).isoformat(),
+    )
+    dry = await _ok(settings, "backfill", "--all", *window)
+    assert "would admit=4 (new 4" in dry and "dry run" in dry
+    done = await _json(settings, "backfill", "--all", *window, "--apply", "--publish")
+    assert (done["new"], done["published"], done["failed"]) == (4, 4, 0)
+    states = await pool.fetch("SELECT state::text AS s, occurrence_at FROM deliveries ORDER BY 2")
+    assert [r["s"] for r in states] == ["queued"] * 4
+    assert [r["occurrence_at"] for r in states] == [
+        now - timedelta(minutes=m) for m in (4, 3, 2, 1)
+    ]
+    again = await _json(settings, "backfill", "--all", *window, "--apply")
+    assert (again["new"], again["reopened"], again["already"]) == (0, 0, 4)
+    runs = await _json(settings, "runs", "list")
+    assert [(r["kind"], r["owed"]) for r in runs["runs"]] == [("backfill", 4)]
+    missing = await rs.relay(settings, "backfill", "--reminder", "nope", *window)
+    assert missing.code == 2 and "no reminder" in missing.stderr
+
+
+async def test_status_counts_outbox_intents_and_completion_is_delivered_over_owed(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    partner.state.rules["bad"] = partner_mod.PathRule(status=400)
+    lines = [rs.line(f"ok{i}", partner.url()) for i in range(3)]
+    lines += [rs.line("gone", partner.url())]
+    await rs.load(pool, lines)
+    await _ok(settings, "reminders", "cancel", "gone")  # its occurrence will be skipped
+    await pool.execute("UPDATE reminders SET active = true, next_due_at = due_at WHERE id = 'gone'")
+    await _ok(settings, "publish")
+    await _ok(settings, "reminders", "cancel", "gone")
+    async with pool.acquire() as conn, conn.transaction():
+        await outbox.add_intent(
+            conn,
+            key="order-7",
+            channel="webhook",
+            destination=partner.url("bad"),
+            payload={"text": "order 7"},
+            allow_networks=rs.LOOPBACK,
+        )
+    await _ok(settings, "publish")
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _settled(pool, delivered=3, skipped=1, dead=1), 60, "settled")
+    run_id = await pool.fetchval("SELECT min(id) FROM publish_runs")
+    missing = await _json(settings, "status", "--missing", "--run", str(run_id))
+    assert [m["reminder_id"] for m in missing["missing"]] == ["gone"]
+    assert [(m["idempotency_key"], m["state"]) for m in missing["outbox_missing"]] == [
+        ("outbox:order-7", "dead")
+    ]
+    text = await _ok(settings, "status", "--missing", "--run", str(run_id))
+    assert "outbox intents (no run): 1 not delivered" in text
+    run = (await _json(settings, "status", "--run", str(run_id)))["runs"][0]
+    assert (run["owed"], run["delivered"], run["completion_ratio"]) == (4, 3, 0.75)
+    assert run["by_channel"]["webhook"] == {
+        "owed": 4,
+        "delivered": 3,
+        "skipped": 1,
+        "dead": 0,
+        "pending": 0,
+        "completion_ratio": 0.75,
+    }
+    table = await _ok(settings, "status", "--run", str(run_id))
+    assert "webhook: delivered 3/4 (75.0%), skipped 1, dead 0, pending 0" in table
+
+
+async def test_replay_drop_acknowledges_undecodable_and_unknown_dead_letters_only(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    partner.state.rules["bad"] = partner_mod.PathRule(status=400)
+    await rs.load(pool, [rs.line("bad1", partner.url("bad"))])
+    await _ok(settings, "publish")
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _settled(pool, dead=1), 60, "dead")
+    topology = amqp.Topology.from_settings(settings)
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        for body in (b"not json at all", messages.encode(987654)):
+            await channel.default_exchange.publish(
+                aio_pika.Message(body), routing_key=topology.dead_queue
+            )
+
+        async def depth() -> int:
+            queue = await channel.declare_queue(topology.dead_queue, passive=True)
+            return queue.declaration_result.message_count or 0
+
+        await rs.wait_for(lambda: _eq(depth, 3), 10, "three dead letters")
+        dry = await _json(settings, "replay", "--drop")
+        assert (dry["dropped"], dry["undecodable"], dry["unknown"], dry["kept"]) == (2, 1, 1, 1)
+        assert await depth() == 3
+        done = await _ok(settings, "replay", "--drop", "--apply", "--operator", "ana")
+        assert "dropped=2" in done
+        await rs.wait_for(lambda: _eq(depth, 1), 10, "one dead letter left")
+        audit = await pool.fetchrow("SELECT source, operator, selected, dropped FROM replays")
+        assert tuple(audit) == ("drop", "ana", 3, 2)
+        # With a filter, the real one matches too.
+        run_id = await pool.fetchval("SELECT run_id FROM deliveries")
+        matched = await _json(settings, "replay", "--drop", "--run", str(run_id))
+        assert (matched["matched"], matched["dropped"]) == (1, 1)
+    ledger_drop = await rs.relay(settings, "replay", "--from", "ledger", "--drop")
+    assert ledger_drop.code == 2
+
+
+async def _eq(probe, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    return bool(await probe() == expected)
+
+
+async def test_load_shows_progress_on_a_terminal_and_only_the_summary_otherwise(
+    settings: Settings, partner: RunningPartner, tmp_path: object
+) -> None:
+    lines = "\n".join(rs.line(f"r{i}", partner.url()) for i in range(3000)) + "\n"
+    plain = await rs.relay(settings, "reminders", "load", "-", stdin=lines)
+    assert plain.code == 0 and plain.stdout.strip() == "loaded 3000 reminders"
+    assert "load:" not in plain.stderr
+    leader, follower = pty.openpty()
+    proc = await asyncio.create_subprocess_exec(
+        *rs.relay_command("reminders", "load", "-"),
+        env=rs.env_for(settings),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=follower,
+        cwd=rs.REPO,
+    )
+    os.close(follower)
+    out, _ = await asyncio.wait_for(proc.communicate(lines.encode()), 60)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.returncode == 0
+    assert out.decode().strip() == "loaded 3000 reminders"
+    assert b"load: " in seen
