@@ -266,3 +266,39 @@ async def _start(settings: Settings, **env: str) -> asyncio.subprocess.Process:
         stderr=asyncio.subprocess.DEVNULL,
         cwd=rs.REPO,
     )
+
+
+async def test_a_run_is_held_from_its_page_and_released_by_the_api_both_recorded(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    await rs.load(pool, [rs.line(f"clinic-{i}", partner.url("ok")) for i in range(3)])
+    assert (await rs.relay(settings, "publish")).code == 0
+    run_id = await pool.fetchval("SELECT max(run_id) FROM deliveries")
+    async with cs.console(settings) as c, cs.client() as http:
+        csrf = await cs.log_in(http, c.url, "carol")
+        url = f"{c.url}/runs/{run_id}/action"
+        async with http.post(url, data={"csrf": csrf, "action": "hold"}) as answer:
+            assert answer.status == 200 and "Dry run: hold would touch 3" in await answer.text()
+        assert await pool.fetchval("SELECT held_at FROM publish_runs WHERE id=$1", run_id) is None
+        applied = {"csrf": csrf, "action": "hold", "apply": "1", "reason": "clinic asked"}
+        async with http.post(url, data=applied) as answer:
+            assert answer.status == 200 and "Hold: done" in await answer.text()
+        runs_page = await _page(http, f"{c.url}/runs")
+        assert '<span class="state retrying">held</span>' in runs_page
+        run_page = await _page(http, f"{c.url}/runs/{run_id}")
+        assert "carol (console)" in run_page and "clinic asked" in run_page
+        async with http.post(url, data=applied | {"action": "explode"}) as answer:
+            assert answer.status == 400
+        auth = {"Authorization": f"Bearer {cs.TOKEN}", "X-Relay-Operator": "dave"}
+        async with http.post(
+            f"{c.url}/api/v1/runs/{run_id}/release",
+            json={"apply": True, "reason": "all clear"},
+            headers=auth,
+        ) as answer:
+            assert (await answer.json())["changed"] is True
+    recorded = await pool.fetch("SELECT action, operator, reason FROM run_actions ORDER BY id")
+    assert [tuple(r) for r in recorded] == [
+        ("hold", "carol (console)", "clinic asked"),
+        ("release", "dave (console)", "all clear"),
+    ]
+    assert await pool.fetchval("SELECT held_at FROM publish_runs WHERE id=$1", run_id) is None

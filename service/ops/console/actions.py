@@ -1,10 +1,12 @@
 """What the console changes, through the same functions as the CLI.
 
-A replay is ``publisher.replay.Replayer.from_ledger`` (handed in by the composition root,
-since the operator tools never import ``publisher``): dry run first, then apply, recorded
-in ``replays`` with the operator and the reason. A destination is switched with
-``ledger.disable_destination`` / ``ledger.enable_destination``. Every applied action is
-also one ``console_action`` log line (who, what, why; a destination by its reference).
+A run is held, released, cancelled or dead-lettered with ``service.control.act_on_run``
+(recorded in ``run_actions``). A replay is ``publisher.replay.Replayer.from_ledger``
+(handed in by the composition root, since the operator tools never import
+``publisher``): dry run first, then apply, recorded in ``replays`` with the operator and
+the reason. A destination is switched with ``ledger.disable_destination`` /
+``ledger.enable_destination``. Every applied action is also one ``console_action`` log
+line (who, what, why; a destination by its reference).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from service import ledger, logs
+from service import control, ledger, logs
 from service.ops.console import data
 
 log = logs.get("console")
@@ -90,6 +92,24 @@ class Actions:
         if apply:
             _record("replay", operator, reason, replayed=result.replayed, **_fields(request))
         return summary
+
+    async def run_action(
+        self, operator: str, run_id: int, action: str, *, apply: bool, reason: str
+    ) -> dict[str, Any]:
+        """Hold, release, cancel or dead-letter a run (dry run unless ``apply``), through
+        ``service.control`` as ``relay runs`` does; recorded in ``run_actions``."""
+        if action not in control.ACTIONS:
+            raise ActionError(f"action: one of {', '.join(control.ACTIONS)}")
+        reason = check_reason(reason, apply)
+        async with self.pool.acquire() as conn:
+            result = await control.act_on_run(
+                conn, run_id, action, operator=operator, reason=reason or None, apply=apply
+            )
+        if result is None:
+            raise ActionError(f"no run {run_id}")
+        if apply and result.changed:
+            _record(f"run_{action}", operator, reason, run_id=run_id, rows=result.rows)
+        return result.as_dict()
 
     async def switch_destination(
         self, operator: str, ref: str, *, enable: bool, reason: str

@@ -42,6 +42,7 @@ async def run_missing(request: web.Request) -> web.Response:
     selection = params.missing_filter(request.query)
     limit = min(params.optional_int(request.query, "limit") or data.PAGE, 1000)
     rows = await data.run_missing(request.app[POOL], run_id, selection, limit)
+    run["actions"] = await data.run_actions(request.app[POOL], run_id)
     return _json({"run": run, "missing": rows, "next_after": rows[-1]["id"] if rows else None})
 
 
@@ -82,6 +83,21 @@ async def replay(request: web.Request) -> web.Response:
     return _json(summary)
 
 
+async def run_action(request: web.Request) -> web.Response:
+    body = await _body(request)
+    try:
+        result = await request.app[ACTIONS].run_action(
+            operator_name(request),
+            params.path_int(request, "run_id"),
+            request.match_info["action"],
+            apply=body.get("apply") is True,
+            reason=str(body.get("reason", "")),
+        )
+    except actions.ActionError as exc:
+        return _json({"error": str(exc)}, 400)
+    return _json(result)
+
+
 async def destinations(request: web.Request) -> web.Response:
     return _json({"destinations": await data.destinations(request.app[POOL])})
 
@@ -106,6 +122,7 @@ def routes() -> list[web.RouteDef]:
     return [
         web.get("/api/v1/runs", runs),
         web.get("/api/v1/runs/{run_id}/missing", run_missing),
+        web.post("/api/v1/runs/{run_id}/{action:hold|release|cancel|dead-letter}", run_action),
         web.get("/api/v1/deliveries/{delivery_id}", delivery),
         web.get("/api/v1/dead", dead),
         web.post("/api/v1/replay", replay),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from service import db, ledger, runs
+from service import control, db, ledger, runs
 
 STATES = tuple(s.value for s in ledger.State)
 CHANNELS = ("webhook", "email", "sms")
@@ -57,8 +57,12 @@ async def run_one(executor: ledger.Executor, run_id: int) -> dict[str, Any] | No
 
 
 def _report(report: runs.RunReport) -> dict[str, Any]:
-    # ``held``: None until the ledger records held runs (then True or False).
-    return report.as_dict() | {"held": None}
+    return report.as_dict() | {"held": report.held_at is not None}
+
+
+async def run_actions(executor: ledger.Executor, run_id: int) -> list[dict[str, Any]]:
+    """Who held, released, cancelled or dead-lettered the run, when and why (oldest first)."""
+    return [dict(a.__dict__) for a in await control.actions_of(executor, [run_id])]
 
 
 async def run_missing(

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from service import control
 from service.ops.console import actions, data, params, security
 from service.ops.console.app_keys import ACTIONS, DOOR, POOL, TEMPLATES, operator_name
 
@@ -85,6 +86,8 @@ async def run(request: web.Request) -> web.StreamResponse:
         "run.html",
         f"Run {run_id}",
         run=found,
+        actions=await data.run_actions(request.app[POOL], run_id),
+        run_actions=control.ACTIONS,
         missing=rows,
         selection=selection,
         more=more,
@@ -135,6 +138,22 @@ async def replay(request: web.Request) -> web.StreamResponse:
     return render(request, "replay.html", title, summary=summary, wanted=wanted)
 
 
+async def run_action(request: web.Request) -> web.StreamResponse:
+    """Hold, release, cancel or dead-letter a run: a dry run first, then the confirmation."""
+    run_id = params.path_int(request, "run_id")
+    form = await request.post()
+    action = str(form.get("action", ""))
+    apply = params.flag(form, "apply")
+    title = f"Run {run_id}: {action}"
+    try:
+        result = await request.app[ACTIONS].run_action(
+            operator_name(request), run_id, action, apply=apply, reason=str(form.get("reason", ""))
+        )
+    except actions.ActionError as exc:
+        return render(request, "run_action.html", title, 400, error=str(exc), run_id=run_id)
+    return render(request, "run_action.html", title, result=result, run_id=run_id)
+
+
 async def destinations(request: web.Request) -> web.StreamResponse:
     found = await data.destinations(request.app[POOL])
     return render(request, "destinations.html", "Destinations", destinations=found)
@@ -167,6 +186,7 @@ def routes() -> list[web.RouteDef]:
         web.post("/logout", logout),
         web.get("/runs", runs),
         web.get("/runs/{run_id}", run),
+        web.post("/runs/{run_id}/action", run_action),
         web.get("/deliveries/{delivery_id}", delivery),
         web.get("/dead", dead),
         web.post("/replay", replay),
