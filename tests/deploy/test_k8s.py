@@ -429,7 +429,7 @@ def _console_routes() -> set[str]:
         raise AssertionError("only inspected, never served")
 
     door = security.Door("x" * 16, open_reads=False)
-    built = console_app.build(None, no_replay, door)  # type: ignore[arg-type]
+    built = console_app.build(None, no_replay, no_replay, door)  # type: ignore[arg-type]
     return {route.resource.canonical for route in built.router.routes() if route.resource}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import asyncpg
@@ -302,3 +303,44 @@ async def test_a_run_is_held_from_its_page_and_released_by_the_api_both_recorded
         ("release", "dave (console)", "all clear"),
     ]
     assert await pool.fetchval("SELECT held_at FROM publish_runs WHERE id=$1", run_id) is None
+
+
+async def test_the_dead_letter_queue_is_replayed_dry_run_first_and_drains(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    async with rs.consumer_in_process(settings):
+        failed = await cs.run_with_failures(settings, pool, partner)
+        async with cs.console(settings) as c, cs.client() as http:
+            csrf = await cs.log_in(http, c.url)
+
+            async def queue_depth() -> int:
+                found = re.search(r'id="queue-depth">(\d+)<', await _page(http, f"{c.url}/dead"))
+                assert found is not None
+                return int(found.group(1))
+
+            await rs.wait_for(lambda: _equals(queue_depth, 2), 20, "two dead letters in the queue")
+            queue = {"csrf": csrf, "source": "queue"}
+            async with http.post(f"{c.url}/replay", data=queue | {"run_id": "1"}) as answer:
+                assert answer.status == 400  # the queue replay takes every dead letter
+            async with http.post(f"{c.url}/replay", data=queue) as answer:
+                assert "Would replay <strong>2</strong>" in await answer.text()
+            assert await queue_depth() == 2  # a dry run leaves them there
+            del partner.state.rules["bad"]
+            applied = queue | {"apply": "1", "reason": "receiver fixed"}
+            async with http.post(f"{c.url}/replay", data=applied) as answer:
+                assert "Replayed <strong>2</strong>" in await answer.text()
+
+            async def all_delivered() -> bool:
+                return await rs.states(pool) == {"delivered": 5}
+
+            await rs.wait_for(all_delivered, 30, "the replayed dead letters delivered")
+            assert await queue_depth() == 0
+    audit = await pool.fetchrow("SELECT source, operator, replayed FROM replays")
+    assert tuple(audit) == ("dead-letter-queue", "alice (console)", 2)
+    assert sorted(failed.dead) == sorted(
+        await pool.fetchval("SELECT array_agg(id) FROM deliveries WHERE replays = 1")
+    )
+
+
+async def _equals(read: Callable[[], Awaitable[int]], expected: int) -> bool:
+    return await read() == expected

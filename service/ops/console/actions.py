@@ -37,8 +37,11 @@ class ReplayResult(Protocol):
     sample: list[int]
 
 
-# (filters, limit, apply, operator, reason) -> the summary of a ledger replay
-Replay = Callable[[ledger.ReplayFilter, int, bool, str, str], Awaitable[ReplayResult]]
+# (source, filters, limit, apply, operator, reason) -> the summary of a replay; source is
+# "ledger" (the filters select dead rows) or "queue" (the dead-letter queue; no filters)
+Replay = Callable[[str, ledger.ReplayFilter, int, bool, str, str], Awaitable[ReplayResult]]
+# How many messages the broker's dead-letter queue holds (None: the broker did not say)
+QueueDepth = Callable[[], Awaitable[int | None]]
 
 
 class ActionError(ValueError):
@@ -61,26 +64,35 @@ class ReplayRequest:
     delivery_id: int | None = None
     run_id: int | None = None
     channel: str | None = None
+    source: str = "ledger"  # or "queue": the dead-letter queue, judged letter by letter
 
 
 @dataclass
 class Actions:
     pool: asyncpg.Pool
     replay: Replay
+    queue_depth: QueueDepth
 
     async def replay_dead(
         self, operator: str, request: ReplayRequest, *, apply: bool, reason: str
     ) -> dict[str, Any]:
-        """Dry run (``apply`` False) or apply a ledger replay of dead deliveries."""
+        """Dry run (``apply`` False) or apply a replay of dead deliveries, from the ledger
+        (selected by delivery, run, channel) or from the dead-letter queue (all of it)."""
         reason = check_reason(reason, apply)
+        if request.source not in ("ledger", "queue"):
+            raise ActionError("source: ledger or queue")
+        filtered = (request.delivery_id, request.run_id, request.channel) != (None, None, None)
+        if request.source == "queue" and filtered:
+            raise ActionError("a replay from the queue takes every dead letter: no filters")
         selection = ledger.ReplayFilter(run_id=request.run_id, channel=request.channel)
         if request.delivery_id is not None:
             found = await data.delivery(self.pool, request.delivery_id)
             if found is None:
                 raise ActionError(f"no delivery {request.delivery_id}")
             selection = ledger.ReplayFilter(key=found["idempotency_key"])
-        result = await self.replay(selection, REPLAY_LIMIT, apply, operator, reason)
+        result = await self.replay(request.source, selection, REPLAY_LIMIT, apply, operator, reason)
         summary = {
+            "source": request.source,
             "apply": apply,
             "selected": result.selected,
             "replayed": result.replayed,

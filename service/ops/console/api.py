@@ -61,16 +61,13 @@ async def dead(request: web.Request) -> web.Response:
         params.choice(request.query, "channel", data.CHANNELS),
         params.optional_int(request.query, "before"),
     )
+    found["queue_depth"] = await request.app[ACTIONS].queue_depth()
     return _json(found)
 
 
 async def replay(request: web.Request) -> web.Response:
     body = await _body(request)
-    wanted = actions.ReplayRequest(
-        delivery_id=params.optional_int(body, "delivery_id"),
-        run_id=params.optional_int(body, "run_id"),
-        channel=params.choice(body, "channel", data.CHANNELS),
-    )
+    wanted = params.replay_request(body)
     try:
         summary = await request.app[ACTIONS].replay_dead(
             operator_name(request),

@@ -43,11 +43,16 @@ def templates() -> jinja2.Environment:
     return env
 
 
-def build(pool: asyncpg.Pool, replay: actions.Replay, door: security.Door) -> web.Application:
+def build(
+    pool: asyncpg.Pool,
+    replay: actions.Replay,
+    queue_depth: actions.QueueDepth,
+    door: security.Door,
+) -> web.Application:
     """The console's aiohttp application."""
     app = web.Application(middlewares=[security.middleware(door)], client_max_size=64 * 1024)
     app[POOL] = pool
-    app[ACTIONS] = actions.Actions(pool, replay)
+    app[ACTIONS] = actions.Actions(pool, replay, queue_depth)
     app[DOOR] = door
     app[TEMPLATES] = templates()
     app.add_routes(pages.routes())

@@ -108,6 +108,7 @@ async def dead(request: web.Request) -> web.StreamResponse:
     run_id = params.optional_int(request.query, "run")
     channel = params.choice(request.query, "channel", data.CHANNELS)
     found = await data.dead(request.app[POOL], run_id, channel)
+    found["queue_depth"] = await request.app[ACTIONS].queue_depth()
     return render(
         request,
         "dead.html",
@@ -122,11 +123,7 @@ async def dead(request: web.Request) -> web.StreamResponse:
 async def replay(request: web.Request) -> web.StreamResponse:
     """Dry run (the first click) or apply (the confirmation) a replay of dead rows."""
     form = await request.post()
-    wanted = actions.ReplayRequest(
-        delivery_id=params.optional_int(form, "delivery_id"),
-        run_id=params.optional_int(form, "run_id"),
-        channel=params.choice(form, "channel", data.CHANNELS),
-    )
+    wanted = params.replay_request(form)
     apply = params.flag(form, "apply")
     try:
         summary = await request.app[ACTIONS].replay_dead(

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from service.ops.console import data
+from service.ops.console import actions, data
 
 _REF = re.compile(r"^[0-9a-f]{16}$")
 
@@ -61,3 +61,13 @@ def path_int(request: web.Request, name: str) -> int:
 
 def flag(fields: Mapping[str, Any], name: str) -> bool:
     return str(fields.get(name, "")).lower() in ("1", "true", "yes", "on")
+
+
+def replay_request(fields: Mapping[str, Any]) -> actions.ReplayRequest:
+    """Which dead deliveries a replay form or body names."""
+    return actions.ReplayRequest(
+        delivery_id=optional_int(fields, "delivery_id"),
+        run_id=optional_int(fields, "run_id"),
+        channel=choice(fields, "channel", data.CHANNELS),
+        source=choice(fields, "source", ("ledger", "queue")) or "ledger",
+    )

@@ -15,7 +15,9 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiormq
 import asyncpg
+from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
 from service import amqp, db, errors, ledger, logs, telemetry
@@ -28,22 +30,59 @@ _CLOSE_SECONDS = 5.0
 
 
 def make_replay(
-    pool: asyncpg.Pool, publisher: amqp.ConfirmedPublisher, metrics: telemetry.Metrics
+    pool: asyncpg.Pool,
+    publisher: amqp.ConfirmedPublisher,
+    connection: AbstractConnection,
+    topology: amqp.Topology,
+    metrics: telemetry.Metrics,
 ) -> actions.Replay:
-    """The console's replay: a ledger replay by ``publisher.replay``, one per request."""
+    """The console's replay: ``publisher.replay``'s, one ``Replayer`` per request."""
     module, name = REPLAYER.split(":")
     replayer_class: Any = getattr(importlib.import_module(module), name)
 
     async def replay(
-        filters: ledger.ReplayFilter, limit: int, apply: bool, operator: str, reason: str
+        source: str,
+        filters: ledger.ReplayFilter,
+        limit: int,
+        apply: bool,
+        operator: str,
+        reason: str,
     ) -> actions.ReplayResult:
         replayer = replayer_class(
             pool=pool, publisher=publisher, metrics=metrics, operator=operator, reason=reason
         )
-        result: actions.ReplayResult = await replayer.from_ledger(filters, limit=limit, apply=apply)
+        result: actions.ReplayResult
+        if source == "ledger":
+            result = await replayer.from_ledger(filters, limit=limit, apply=apply)
+            return result
+        channel = await connection.channel()
+        try:
+            result = await replayer.from_queue(topology, channel, limit=limit, apply=apply)
+        finally:
+            await channel.close()
         return result
 
     return replay
+
+
+def make_queue_depth(
+    connection: AbstractConnection, topology: amqp.Topology, timeout_seconds: float
+) -> actions.QueueDepth:
+    """How many dead letters the broker holds, asked on a channel of its own."""
+
+    async def depth() -> int | None:
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                channel = await connection.channel()
+                try:
+                    queue = await channel.declare_queue(topology.dead_queue, passive=True)
+                    return queue.declaration_result.message_count
+                finally:
+                    await channel.close()
+        except (aiormq.exceptions.AMQPError, OSError, TimeoutError):
+            return None
+
+    return depth
 
 
 @contextlib.asynccontextmanager
@@ -56,8 +95,10 @@ async def serving(
         stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
         connection, publisher = await amqp.open_publisher(settings, "relay-console")
         stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
-        replay = make_replay(pool, publisher, telemetry.noop())
-        runner = web.AppRunner(app.build(pool, replay, door), access_log=None)
+        topology = amqp.Topology.from_settings(settings)
+        replay = make_replay(pool, publisher, connection, topology, telemetry.noop())
+        depth = make_queue_depth(connection, topology, settings.amqp_timeout_seconds)
+        runner = web.AppRunner(app.build(pool, replay, depth, door), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, settings.console_host, settings.console_port)
