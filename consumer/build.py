@@ -155,6 +155,23 @@ def policy(settings: Settings) -> retry.RetryPolicy:
     )
 
 
+def _store(
+    settings: Settings, pool: asyncpg.Pool, watch: DatabaseWatch, stopping: asyncio.Event
+) -> store.Store:
+    """The consumer's ledger store, started."""
+    ledger_store = store.Store(
+        pool,
+        watch,
+        lease_seconds=settings.lease_seconds,
+        batch_max=settings.write_batch_max,
+        # Few concurrent flushes make each one bigger: fewer round trips.
+        concurrency=max(1, min(2, settings.database_pool_size - 2)),
+        stopping=stopping,
+    )
+    ledger_store.start()
+    return ledger_store
+
+
 async def worker_for(
     settings: Settings,
     pool: asyncpg.Pool,
@@ -175,16 +192,7 @@ async def worker_for(
     )
     await budgets.setup()  # every replica writes the same configured budgets
     stopping = asyncio.Event()
-    ledger_store = store.Store(
-        pool,
-        watch,
-        lease_seconds=settings.lease_seconds,
-        batch_max=settings.write_batch_max,
-        # Few concurrent flushes make each one bigger: fewer round trips.
-        concurrency=max(1, min(2, settings.database_pool_size - 2)),
-        stopping=stopping,
-    )
-    ledger_store.start()
+    ledger_store = _store(settings, pool, watch, stopping)
     crash = CrashPoints(settings.crash_at)
     deliverer = delivery.Deliverer(
         store=ledger_store,

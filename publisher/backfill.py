@@ -47,7 +47,7 @@ class BackfillSummary:
     reopened: int = 0  # skipped 'paused' -> pending (dry run: would be)
     published: int = 0
     failed: int = 0  # not confirmed by the broker (left pending for relay publish)
-    run_id: int | None = None
+    run_id: int | None = None  # the backfill run, once something was admitted
     ready: list[tuple[int, bool, datetime]] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -65,6 +65,8 @@ class BackfillSummary:
         )
         if self.run_id is not None:
             text += f" run={self.run_id} published={self.published} failed={self.failed}"
+        elif self.apply:
+            text += " (nothing to admit: no run recorded)"
         if not self.apply:
             text += "\n  dry run: nothing changed; add --apply to do it"
         elif self.published == 0 and self.new + self.reopened:
@@ -105,7 +107,11 @@ async def _one(pool: asyncpg.Pool, row: asyncpg.Record, summary: BackfillSummary
         summary.new += len(missing)
         summary.reopened += len(paused)
         return
-    assert summary.run_id is not None
+    if not missing and not paused:
+        return
+    if summary.run_id is None:  # the first occurrence to admit opens the backfill run
+        started = await runs.start(pool, "backfill", summary.start, socket.gethostname())
+        summary.run_id = started.run_id
     async with pool.acquire() as conn, conn.transaction():
         inserted = await admission.insert_deliveries(conn, missing, summary.run_id)
         reopened = await control.reopen_paused(conn, paused, summary.run_id)
@@ -124,9 +130,6 @@ async def admit(
     rows = await pool.fetch(db.q("backfill_reminders"), reminder_id)
     if reminder_id is not None and not rows:
         raise errors.InputError(f"--reminder: no reminder {reminder_id!r}")
-    if apply:
-        started = await runs.start(pool, "backfill", start, socket.gethostname())
-        summary.run_id = started.run_id
     progress = Progress("backfill")
     try:
         for row in rows:

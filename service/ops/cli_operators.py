@@ -140,5 +140,4 @@ def _add_backfill(sub: argparse._SubParsersAction, command: Command) -> None:  #
         action="store_true",
         help="publish the admitted rows now (default: the next relay publish does)",
     )
-    _add_operator(bf)
     add_json(bf)

@@ -16,10 +16,10 @@ from service.ops.deliveries import open_pool, to_json
 from service.settings import Settings
 
 _EFFECT = {
-    "hold": "held: its rows are not sent (messages parked, no attempt) until released",
-    "release": "released: its held rows are sent again",
-    "cancel": "cancelled: its rows not final were skipped (reason cancelled)",
-    "dead-letter": "dead-lettered: its rows not final are dead (replayable: relay replay)",
+    "hold": ("held", "not sent until released (their messages are parked, no attempt)"),
+    "release": ("released", "sent again"),
+    "cancel": ("cancelled", "skipped (reason cancelled)"),
+    "dead-letter": ("dead-lettered", "dead (replayable: relay replay --from ledger --run)"),
 }
 
 
@@ -105,12 +105,13 @@ def render_action(result: control.ActionResult) -> str:
             result.action, "has no rows to move"
         )
         return f"{run} {already}: nothing to do{flight}"
+    done, effect = _EFFECT[result.action]
     if not result.applied:
         return (
-            f"{run} would be {_EFFECT[result.action].split(':')[0]}: {result.rows} rows"
+            f"{run} would be {done}: {result.rows} rows {effect}"
             f"{flight}\n  dry run: nothing changed; add --apply to do it"
         )
-    return f"{run} {_EFFECT[result.action]}: {result.rows} rows{flight}"
+    return f"{run} {done}: {result.rows} rows {effect}{flight}"
 
 
 async def hold(args: argparse.Namespace, settings: Settings) -> int:

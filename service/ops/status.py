@@ -85,35 +85,7 @@ def render_table(
     )
     lines = [header, "-" * len(header)]
     for r in reports:
-        open_ = sum(r.states.get(s, 0) for s in _OPEN)
-        retrying = r.states.get(ledger.State.RETRYING, 0)
-        dead = r.states.get(ledger.State.DEAD, 0)
-        skipped = r.states.get(ledger.State.SKIPPED, 0)
-        lines.append(
-            f"{r.run_id:>5} {r.status:<10} {r.intended_fire_at:%Y-%m-%d %H:%M}  "
-            f"{r.lag_seconds:>7.1f} {r.due:>6} {r.delivered:>9} "
-            f"{retrying:>8} {dead:>5} "
-            f"{skipped:>7} {open_:>7} {_fmt_ratio(r.completion_ratio):>8}"
-        )
-        if r.skipped_by_reason:
-            reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.skipped_by_reason.items()))
-            lines.append(f"{'':>5} skipped by reason: {reasons}")
-        if r.oldest_pending_seconds is not None:
-            lines.append(f"{'':>5} oldest pending: {r.oldest_pending_seconds:.0f} s")
-        if r.held_at is not None:
-            lines.append(f"{'':>5} HELD since {r.held_at:%Y-%m-%d %H:%M:%S}")
-        lines.extend(_channel_lines(r))
-        for a in recorded or []:
-            if a.run_id == r.run_id:
-                lines.append(
-                    f"{'':>5} {a.at:%Y-%m-%d %H:%M:%S} {a.action} by {a.operator}: "
-                    f"{a.rows} rows" + (f" ({a.reason})" if a.reason else "")
-                )
-        if r.lateness_max_seconds is not None:
-            lines.append(
-                f"{'':>5} lateness (due -> accepted): p50 {r.lateness_p50_seconds:.2f} s, "
-                f"p95 {r.lateness_p95_seconds:.2f} s, max {r.lateness_max_seconds:.2f} s"
-            )
+        lines.extend(_run_lines(r, recorded or []))
     states = totals["states"]
     summary = ", ".join(f"{k}={states[k]}" for k in sorted(states)) or "no deliveries"
     lines.append("")
@@ -135,6 +107,43 @@ def render_table(
             f"by {admission['changed_by']}: occurrences due now are skipped (paused)"
         )
     return "\n".join(lines)
+
+
+def _run_lines(r: runs.RunReport, recorded: list[control.RunAction]) -> list[str]:
+    """One run's row of the table and the lines below it."""
+    lines = []
+    open_ = sum(r.states.get(s, 0) for s in _OPEN)
+    retrying = r.states.get(ledger.State.RETRYING, 0)
+    dead = r.states.get(ledger.State.DEAD, 0)
+    skipped = r.states.get(ledger.State.SKIPPED, 0)
+    lines.append(
+        f"{r.run_id:>5} {r.status:<10} {r.intended_fire_at:%Y-%m-%d %H:%M}  "
+        f"{r.lag_seconds:>7.1f} {r.due:>6} {r.delivered:>9} "
+        f"{retrying:>8} {dead:>5} "
+        f"{skipped:>7} {open_:>7} {_fmt_ratio(r.completion_ratio):>8}"
+    )
+    if r.kind != "publish":
+        lines.append(f"{'':>5} a {r.kind} run")
+    if r.skipped_by_reason:
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.skipped_by_reason.items()))
+        lines.append(f"{'':>5} skipped by reason: {reasons}")
+    if r.oldest_pending_seconds is not None:
+        lines.append(f"{'':>5} oldest pending: {r.oldest_pending_seconds:.0f} s")
+    if r.held_at is not None:
+        lines.append(f"{'':>5} HELD since {r.held_at:%Y-%m-%d %H:%M:%S}")
+    lines.extend(_channel_lines(r))
+    for a in recorded:
+        if a.run_id == r.run_id:
+            lines.append(
+                f"{'':>5} {a.at:%Y-%m-%d %H:%M:%S} {a.action} by {a.operator}: "
+                f"{a.rows} rows" + (f" ({a.reason})" if a.reason else "")
+            )
+    if r.lateness_max_seconds is not None:
+        lines.append(
+            f"{'':>5} lateness (due -> accepted): p50 {r.lateness_p50_seconds:.2f} s, "
+            f"p95 {r.lateness_p95_seconds:.2f} s, max {r.lateness_max_seconds:.2f} s"
+        )
+    return lines
 
 
 def _channel_lines(r: runs.RunReport) -> list[str]:

@@ -139,7 +139,7 @@ async def test_paused_occurrences_are_skipped_and_backfill_admits_them_once_on_p
     done = await _json(settings, "backfill", "--reminder", "during", *window, "--apply")
     assert (done["reopened"], done["new"], done["run_id"] is not None) == (1, 0, True)
     again = await _json(settings, "backfill", "--reminder", "during", *window, "--apply")
-    assert (again["reopened"], again["new"], again["already"]) == (0, 0, 1)
+    assert (again["reopened"], again["new"], again["already"], again["run_id"]) == (0, 0, 1, None)
     row = await pool.fetchrow(
         "SELECT d.state::text AS state, p.kind FROM deliveries d JOIN publish_runs p"
         " ON p.id = d.run_id WHERE reminder_id = 'during'"
@@ -187,10 +187,8 @@ async def test_status_counts_outbox_intents_and_completion_is_delivered_over_owe
     lines = [rs.line(f"ok{i}", partner.url()) for i in range(3)]
     lines += [rs.line("gone", partner.url())]
     await rs.load(pool, lines)
-    await _ok(settings, "reminders", "cancel", "gone")  # its occurrence will be skipped
-    await pool.execute("UPDATE reminders SET active = true, next_due_at = due_at WHERE id = 'gone'")
     await _ok(settings, "publish")
-    await _ok(settings, "reminders", "cancel", "gone")
+    await _ok(settings, "reminders", "cancel", "gone")  # its queued send will be skipped
     async with pool.acquire() as conn, conn.transaction():
         await outbox.add_intent(
             conn,
@@ -298,3 +296,41 @@ async def test_load_shows_progress_on_a_terminal_and_only_the_summary_otherwise(
     assert proc.returncode == 0
     assert out.decode().strip() == "loaded 3000 reminders"
     assert b"load: " in seen
+
+
+async def test_reminders_runs_and_replay_print_one_json_document(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    await rs.load(
+        pool,
+        [
+            rs.line("daily-7", partner.url(), daily_at="07:00", timezone="Europe/Berlin"),
+            rs.line("now-1", partner.url()),
+        ],
+    )
+    listed = await _json(settings, "reminders", "list")
+    assert [r["id"] for r in listed["reminders"]] == ["daily-7", "now-1"]
+    assert listed["reminders"][0]["schedule"] == "daily 07:00 Europe/Berlin"
+    assert "destination" not in listed["reminders"][0]
+    shown = await _json(settings, "reminders", "show", "daily-7", "--next", "3")
+    assert len(shown["next_occurrences"]) == 3 and shown["missed_policy"] == "catch_up"
+    assert "payload" not in shown and "destination" not in shown
+    for _ in range(3):
+        await rs.load(pool, [rs.line(f"again-{_}", partner.url())])
+        await _ok(settings, "publish")
+    first = await _json(settings, "runs", "list", "--limit", "2")
+    assert [r["kind"] for r in first["runs"]] == ["publish", "publish"]
+    rest = await _json(settings, "runs", "list", "--before", str(first["next_before"]))
+    ids = [r["run_id"] for r in first["runs"] + rest["runs"]]
+    assert ids == sorted(ids, reverse=True) and len(ids) == 3 and rest["next_before"] is None
+    await pool.execute(
+        "UPDATE deliveries SET state = 'dead', finished_at = now(), last_status = 400"
+        " WHERE reminder_id = 'now-1'"
+    )
+    dry = await _json(settings, "replay", "--from", "ledger")
+    assert (dry["source"], dry["apply"], dry["selected"], dry["replayed"]) == (
+        "ledger",
+        False,
+        1,
+        1,
+    )
