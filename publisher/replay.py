@@ -100,8 +100,10 @@ class Replayer:
         publisher: amqp.ConfirmedPublisher,
         metrics: Metrics,
         operator: str,
+        reason: str | None = None,
     ) -> None:
         self._pool = pool
+        self._reason = reason  # recorded with the replay's filters (the console asks why)
         self._publisher = publisher
         self._metrics = metrics
         self._operator = operator
@@ -237,6 +239,8 @@ class Replayer:
         return True
 
     async def _audit_start(self, source: str, filters: dict[str, Any]) -> int:
+        if self._reason:
+            filters = filters | {"reason": self._reason}
         return await ledger.replay_started(self._pool, source, self._operator, filters)
 
     async def _audit_finish(self, audit_id: int, summary: ReplaySummary) -> None:

@@ -55,6 +55,7 @@ HANDLERS = {
     "rescue": "publisher.commands:rescue",
     "replay": "publisher.commands:replay",
     "consume": "consumer.commands:consume",
+    "console": "service.ops.console.run:main",
     **cli_operators.HANDLERS,
 }
 
@@ -108,7 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "pause", "pause admission: publish runs record and exit", "relay pause")
     _command(sub, "resume", "resume admission", "relay resume")
     _add_partner_and_demo(sub)
+    _add_console(sub)
     return parser
+
+
+def _add_console(sub: Subcommands) -> None:
+    _command(
+        sub,
+        "console",
+        "serve the operator console (pages and /api/v1) on RELAY_CONSOLE_HOST:PORT",
+        "relay console   (with RELAY_CONSOLE_TOKEN_FILE=/run/secrets/console/token)",
+    )
 
 
 def _add_reminders(sub: Subcommands) -> None:

@@ -677,6 +677,89 @@ SELECT state, count(*)::int AS n FROM destinations GROUP BY state;
 UPDATE destinations SET failure_streak = 0, streak_started_at = NULL, updated_at = now()
 WHERE url = $1 AND failure_streak > 0;
 
+---------------------------------------------------------------------------- console
+-- The operator console (service/ops/console) reads through these blocks; its actions go
+-- through the same ledger functions as the CLI. A destination is named in URLs only by
+-- its reference (the first 16 hex digits of its SHA-256), never by the address itself.
+
+-- name: console_run_missing
+-- Who did not get it: one page of a run's deliveries not delivered, filtered by state,
+-- channel and destination reference (NULL = any), after id $5.
+SELECT d.id, d.reminder_id, d.channel, d.state::text AS state, d.last_status, d.last_error,
+       d.next_attempt_at, d.skip_reason, d.attempts, d.occurrence_at,
+       coalesce(d.destination, r.destination) AS destination,
+       left(encode(sha256(convert_to(coalesce(d.destination, r.destination, ''), 'UTF8')),
+                   'hex'), 16) AS destination_ref
+FROM deliveries AS d
+LEFT JOIN reminders AS r ON r.id = d.reminder_id
+WHERE d.run_id = $1 AND d.state <> 'delivered'
+  AND ($2::text IS NULL OR d.state::text = $2)
+  AND ($3::text IS NULL OR d.channel = $3)
+  AND ($4::text IS NULL OR left(encode(sha256(convert_to(
+          coalesce(d.destination, r.destination, ''), 'UTF8')), 'hex'), 16) = $4)
+  AND d.id > $5
+ORDER BY d.id
+LIMIT $6;
+
+-- name: console_delivery
+-- One delivery as the console shows it: everything but the payload.
+SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
+       coalesce(d.destination, r.destination) AS destination,
+       left(encode(sha256(convert_to(coalesce(d.destination, r.destination, ''), 'UTF8')),
+                   'hex'), 16) AS destination_ref,
+       d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
+       d.next_attempt_at, d.last_status, d.last_error, d.skip_reason, d.run_id, d.created_at,
+       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at
+FROM deliveries AS d
+LEFT JOIN reminders AS r ON r.id = d.reminder_id
+WHERE d.id = $1;
+
+-- name: console_attempts
+SELECT attempt, outcome, http_status, latency_ms, error, response_excerpt, started_at,
+       finished_at, stale, possibly_delivered
+FROM delivery_attempts
+WHERE delivery_id = $1
+ORDER BY attempt;
+
+-- name: console_dead
+-- The dead deliveries (what a ledger replay selects by default), newest first, filtered by
+-- run and channel (NULL = any), before id $3 (NULL: from the newest).
+SELECT d.id, d.reminder_id, d.channel, d.run_id, d.attempts, d.replays, d.last_status,
+       d.last_error, d.finished_at, d.dead_lettered_at
+FROM deliveries AS d
+WHERE d.state = 'dead'
+  AND ($1::bigint IS NULL OR d.run_id = $1)
+  AND ($2::text IS NULL OR d.channel = $2)
+  AND ($3::bigint IS NULL OR d.id < $3)
+ORDER BY d.id DESC
+LIMIT $4;
+
+-- name: console_dead_count
+SELECT count(*) FROM deliveries WHERE state = 'dead';
+
+-- name: console_replays_recent
+SELECT id, source, operator, filters, selected, replayed, started_at, finished_at
+FROM replays
+ORDER BY id DESC
+LIMIT $1;
+
+-- name: console_destinations
+-- Every destination a reminder names or that is disabled: its reminders, whether it is
+-- disabled (why, since when), and its reference.
+SELECT coalesce(r.destination, dd.destination) AS destination,
+       left(encode(sha256(convert_to(coalesce(r.destination, dd.destination), 'UTF8')), 'hex'),
+            16) AS destination_ref,
+       r.channel, coalesce(r.reminders, 0) AS reminders, coalesce(r.active, 0) AS active,
+       dd.reason, dd.disabled_at
+FROM (SELECT destination, min(channel) AS channel, count(*) AS reminders,
+             count(*) FILTER (WHERE active) AS active
+      FROM reminders GROUP BY destination) AS r
+FULL JOIN disabled_destinations AS dd ON dd.destination = r.destination
+WHERE ($1::text IS NULL OR left(encode(sha256(convert_to(
+          coalesce(r.destination, dd.destination), 'UTF8')), 'hex'), 16) = $1)
+ORDER BY dd.disabled_at IS NULL, 1
+LIMIT $2;
+
 ---------------------------------------------------------------------------- operators
 
 -- name: delivery_show

@@ -258,3 +258,17 @@ def test_servers_match_the_test_suite_defaults() -> None:
         env = environment(service)
         assert env["RELAY_AMQP_URL"] == "amqp://guest:guest@rabbitmq:5672/", name
         assert env["RELAY_DATABASE_URL"] == "postgresql://postgres@postgres:5432/postgres", name
+
+
+def test_the_console_listens_on_loopback_with_a_token_and_a_served_healthcheck() -> None:
+    from service.ops.console import security
+
+    console = services()["console"]
+    assert support.parse_relay_args(console["command"], "console").command == "console"
+    env = environment(console)
+    assert env["RELAY_CONSOLE_HOST"] == "0.0.0.0"  # inside its container
+    assert console["ports"] == [f"127.0.0.1:{env['RELAY_CONSOLE_PORT']}:8088"]
+    assert len(env["RELAY_CONSOLE_TOKEN"]) >= security.MIN_TOKEN_CHARS
+    check = " ".join(console["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{env['RELAY_CONSOLE_PORT']}{security.OPEN_PATHS[0]}'" in check
+    assert console["depends_on"]["migrate"]["condition"] == "service_completed_successfully"

@@ -108,6 +108,9 @@ def test_dockerfile_install_steps_give_a_working_relay(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2 and "RELAY_PREFETCH" in bad.stderr, bad.stderr
     site = venv / "lib/python3.11/site-packages"
+    console = site / "service/ops/console"  # package data: the console's pages
+    assert (console / "templates/runs.html").is_file()
+    assert (console / "static/console.css").is_file()
     assert not list(site.glob("pip")) and not list(site.glob("setuptools")), "pip left in image"
     size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
     print(f"\n/opt/relay in the image: {size / 2**20:.1f} MiB")

@@ -176,7 +176,7 @@ def test_every_container_runs_a_real_relay_command() -> None:
                 argv = support.container_argv(container)
                 args = support.parse_relay_args(argv, f"{name}: {support.kind_name(obj)}")
                 commands.add(args.command)
-    assert commands == {"consume", "publish", "migrate", "replay"}
+    assert commands == {"consume", "publish", "migrate", "replay", "console"}
 
 
 def test_env_vars_are_real_settings() -> None:
@@ -416,3 +416,49 @@ def test_keda_scaledobject_targets_real_objects() -> None:
         auth = support.find(objs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
         for ref in auth["spec"]["secretTargetRef"]:
             assert ref["name"] == "relay-secrets" and ref["key"] in secret["stringData"]
+
+
+# --- the operator console ---------------------------------------------------------------
+
+
+def _console_routes() -> set[str]:
+    from service.ops.console import app as console_app
+    from service.ops.console import security
+
+    async def no_replay(*_: object) -> object:
+        raise AssertionError("only inspected, never served")
+
+    door = security.Door("x" * 16, open_reads=False)
+    built = console_app.build(None, no_replay, no_replay, door)  # type: ignore[arg-type]
+    return {route.resource.canonical for route in built.router.routes() if route.resource}
+
+
+@pytest.mark.parametrize("kustomization", ["base", "overlays/example"])
+def test_the_console_is_reached_by_port_forward_only_through_its_service(
+    kustomization: str,
+) -> None:
+    objs = support.rendered(kustomization)
+    deployment = support.find(objs, "Deployment", "relay-console")
+    spec = deployment["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert support.container_argv(container)[-1] == "console"
+    assert deployment["spec"]["replicas"] == 1
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    port = int(env["RELAY_CONSOLE_PORT"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert list(ports.values()) == [port]
+    routes = _console_routes()
+    for kind in ("readinessProbe", "livenessProbe"):
+        get = container[kind]["httpGet"]
+        assert get["path"] in routes and ports[get["port"]] == port, kind
+    service = support.find(objs, "Service", "relay-console")
+    assert service["spec"]["type"] == "ClusterIP"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    targets = [ports.get(p["targetPort"], p["targetPort"]) for p in service["spec"]["ports"]]
+    assert targets == [port]
+    policy = support.find(objs, "NetworkPolicy", "relay-ingress")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])}
+    assert port not in admitted, "the console's port must not be open to the cluster"
+    assert "RELAY_CONSOLE_TOKEN" in support.secret_variables()

@@ -45,6 +45,8 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
     """The RELAY_* environment that reproduces ``settings`` in a subprocess."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     for name, value in settings.model_dump().items():
+        if value is None:  # unset: the subprocess's default (not the string "None")
+            continue
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
         if isinstance(value, list):

@@ -1,0 +1,61 @@
+"""The console application: routes, templates, the security middleware, its dependencies.
+
+``build`` takes everything it needs (the pool, the replay function, the door) so tests
+start it against real servers exactly as ``relay console`` does.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import asyncpg
+import jinja2
+from aiohttp import web
+
+from service.ops.console import actions, api, pages, security
+from service.ops.console.app_keys import ACTIONS, DOOR, POOL, TEMPLATES
+
+HERE = Path(__file__).resolve().parent
+
+
+def _when(at: datetime | None) -> str:
+    return "—" if at is None else f"{at:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f} %"
+
+
+def templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(when=_when, seconds=_seconds, percent=_percent)
+    return env
+
+
+def build(
+    pool: asyncpg.Pool,
+    replay: actions.Replay,
+    queue_depth: actions.QueueDepth,
+    door: security.Door,
+) -> web.Application:
+    """The console's aiohttp application."""
+    app = web.Application(middlewares=[security.middleware(door)], client_max_size=64 * 1024)
+    app[POOL] = pool
+    app[ACTIONS] = actions.Actions(pool, replay, queue_depth)
+    app[DOOR] = door
+    app[TEMPLATES] = templates()
+    app.add_routes(pages.routes())
+    app.add_routes(api.routes())
+    app.add_routes([web.static("/static", HERE / "static")])
+    return app

@@ -1,0 +1,118 @@
+"""What the console shows, read through named blocks of ``sql/queries.sql``.
+
+Pages and the JSON API call the same functions and get plain dicts (JSON-ready after
+``jsonable``). No payload is ever read; destinations are shown in page bodies but named
+in URLs only by their reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from service import control, db, ledger, runs
+
+STATES = tuple(s.value for s in ledger.State)
+CHANNELS = ("webhook", "email", "sms")
+PAGE = 100
+
+
+@dataclass(frozen=True)
+class MissingFilter:
+    """Which of a run's undelivered rows to list (None: any)."""
+
+    state: str | None = None
+    channel: str | None = None
+    destination_ref: str | None = None
+    after_id: int = 0
+
+    def as_query(self) -> dict[str, str]:
+        """The filter as URL query fields (no address in it: only the reference)."""
+        fields = {"state": self.state, "channel": self.channel, "destination": self.destination_ref}
+        return {k: v for k, v in fields.items() if v}
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with datetimes as ISO 8601 strings, recursively."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+async def run_list(executor: ledger.Executor, count: int = 50) -> list[dict[str, Any]]:
+    """The latest runs, newest first, as ``relay status`` reports them."""
+    now = await executor.fetchval(db.q("db_now"))
+    return [_report(r) for r in await runs.reports(executor, None, count, now)]
+
+
+async def run_one(executor: ledger.Executor, run_id: int) -> dict[str, Any] | None:
+    now = await executor.fetchval(db.q("db_now"))
+    found = await runs.reports(executor, run_id, 1, now)
+    return _report(found[0]) if found else None
+
+
+def _report(report: runs.RunReport) -> dict[str, Any]:
+    return report.as_dict() | {"held": report.held_at is not None}
+
+
+async def run_actions(executor: ledger.Executor, run_id: int) -> list[dict[str, Any]]:
+    """Who held, released, cancelled or dead-lettered the run, when and why (oldest first)."""
+    return [dict(a.__dict__) for a in await control.actions_of(executor, [run_id])]
+
+
+async def run_missing(
+    executor: ledger.Executor, run_id: int, selection: MissingFilter, limit: int = PAGE
+) -> list[dict[str, Any]]:
+    """One page of the run's deliveries that were not delivered."""
+    rows = await executor.fetch(
+        db.q("console_run_missing"),
+        run_id,
+        selection.state,
+        selection.channel,
+        selection.destination_ref,
+        selection.after_id,
+        limit,
+    )
+    return [dict(r) for r in rows]
+
+
+async def delivery(executor: ledger.Executor, delivery_id: int) -> dict[str, Any] | None:
+    """One delivery (no payload) with its attempts, oldest first."""
+    row = await executor.fetchrow(db.q("console_delivery"), delivery_id)
+    if row is None:
+        return None
+    found = dict(row)
+    found["attempt_list"] = [
+        dict(a) for a in await executor.fetch(db.q("console_attempts"), delivery_id)
+    ]
+    return found
+
+
+async def dead(
+    executor: ledger.Executor,
+    run_id: int | None,
+    channel: str | None,
+    before_id: int | None = None,
+    limit: int = PAGE,
+) -> dict[str, Any]:
+    """The dead deliveries (newest first), their total, and the latest replays."""
+    rows = await executor.fetch(db.q("console_dead"), run_id, channel, before_id, limit)
+    replays = await executor.fetch(db.q("console_replays_recent"), 10)
+    return {
+        "total": int(await executor.fetchval(db.q("console_dead_count"))),
+        "deliveries": [dict(r) for r in rows],
+        "replays": [dict(r) for r in replays],
+    }
+
+
+async def destinations(
+    executor: ledger.Executor, ref: str | None = None, limit: int = 500
+) -> list[dict[str, Any]]:
+    """Destinations named by reminders or disabled, disabled first."""
+    rows = await executor.fetch(db.q("console_destinations"), ref, limit)
+    return [dict(r) | {"disabled": r["disabled_at"] is not None} for r in rows]

@@ -1,0 +1,137 @@
+"""Composition root of ``relay console``: settings, pool, broker publisher, the app.
+
+The replay is ``publisher.replay.Replayer``, looked up by name when the console starts
+(as the CLI looks up handlers), because the operator tools never import ``publisher``.
+Every exit path closes what it opened; SIGTERM or SIGINT stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiormq
+import asyncpg
+from aio_pika.abc import AbstractConnection
+from aiohttp import web
+
+from service import amqp, db, errors, ledger, logs, telemetry
+from service.ops.console import actions, app, security
+from service.settings import Settings
+
+log = logs.get("console")
+REPLAYER = "publisher.replay:Replayer"
+_CLOSE_SECONDS = 5.0
+
+
+def make_replay(
+    pool: asyncpg.Pool,
+    publisher: amqp.ConfirmedPublisher,
+    connection: AbstractConnection,
+    topology: amqp.Topology,
+    metrics: telemetry.Metrics,
+) -> actions.Replay:
+    """The console's replay: ``publisher.replay``'s, one ``Replayer`` per request."""
+    module, name = REPLAYER.split(":")
+    replayer_class: Any = getattr(importlib.import_module(module), name)
+
+    async def replay(
+        source: str,
+        filters: ledger.ReplayFilter,
+        limit: int,
+        apply: bool,
+        operator: str,
+        reason: str,
+    ) -> actions.ReplayResult:
+        replayer = replayer_class(
+            pool=pool, publisher=publisher, metrics=metrics, operator=operator, reason=reason
+        )
+        result: actions.ReplayResult
+        if source == "ledger":
+            result = await replayer.from_ledger(filters, limit=limit, apply=apply)
+            return result
+        channel = await connection.channel()
+        try:
+            result = await replayer.from_queue(topology, channel, limit=limit, apply=apply)
+        finally:
+            await channel.close()
+        return result
+
+    return replay
+
+
+def make_queue_depth(
+    connection: AbstractConnection, topology: amqp.Topology, timeout_seconds: float
+) -> actions.QueueDepth:
+    """How many dead letters the broker holds, asked on a channel of its own."""
+
+    async def depth() -> int | None:
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                channel = await connection.channel()
+                try:
+                    queue = await channel.declare_queue(topology.dead_queue, passive=True)
+                    return queue.declaration_result.message_count
+                finally:
+                    await channel.close()
+        except (aiormq.exceptions.AMQPError, OSError, TimeoutError):
+            return None
+
+    return depth
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    settings: Settings, door: security.Door
+) -> AsyncIterator[tuple[web.AppRunner, int]]:
+    """The console listening on RELAY_CONSOLE_HOST:PORT; yields the runner and its port."""
+    async with contextlib.AsyncExitStack() as stack:
+        pool = await db.create_pool(settings, size=4)
+        stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
+        connection, publisher = await amqp.open_publisher(settings, "relay-console")
+        stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
+        topology = amqp.Topology.from_settings(settings)
+        replay = make_replay(pool, publisher, connection, topology, telemetry.noop())
+        depth = make_queue_depth(connection, topology, settings.amqp_timeout_seconds)
+        runner = web.AppRunner(app.build(pool, replay, depth, door), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, settings.console_host, settings.console_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            where = f"{settings.console_host}:{settings.console_port}"
+            raise errors.ConfigError(
+                f"RELAY_CONSOLE_PORT: cannot listen on {where} ({exc.strerror})"
+            ) from None
+        yield runner, _port(runner)
+
+
+def _port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        return int(address[1])
+    raise AssertionError("a started site has an address")
+
+
+async def main(args: argparse.Namespace, settings: Settings) -> int:
+    """``relay console``: serve until SIGTERM or SIGINT."""
+    door = security.Door(security.load_token(settings), open_reads=settings.console_open_reads)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    async with serving(settings, door) as (_, port):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        url = f"http://{settings.console_host}:{port}/"
+        print(f"relay console: {url} (log in with the operator token)", flush=True)
+        log.info("console listening", extra={"event": "console_listening", "port": port})
+        try:
+            await stop.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+    return errors.ExitCode.OK
