@@ -168,6 +168,7 @@ async def worker_for(
     on_broker_failure: Callable[[], None],
 ) -> worker.Worker:
     """The worker with everything it needs: budgets, store, gate, deliverer."""
+    topology = amqp.Topology.from_settings(settings)
     budgets = budget.Budgets(
         pool,
         budget.parse_budgets(settings.budgets),
@@ -207,7 +208,10 @@ async def worker_for(
         store=ledger_store,
         deliverer=deliverer,
         publisher=publisher,
-        config=worker.WorkerConfig(send_timeout_seconds=settings.http_timeout_seconds),
+        config=worker.WorkerConfig(
+            send_timeout_seconds=settings.http_timeout_seconds,
+            lane_queues={lane: topology.lane_queue(lane) for lane in (amqp.BULK, amqp.URGENT)},
+        ),
         metrics=metrics,
         stopping=stopping,
         on_broker_failure=on_broker_failure,

@@ -14,6 +14,8 @@ is set (the short-lived publisher flushes before it exits).
 from __future__ import annotations
 
 import os
+import platform
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -24,7 +26,12 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import (
+    SERVICE_NAME,
+    SERVICE_VERSION,
+    OTELResourceDetector,
+    Resource,
+)
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
@@ -252,11 +259,21 @@ def _register_gauges(meter: Meter, snapshot: Snapshot) -> None:
         lambda: _optional(snapshot.latest_run_lag_seconds),
     )
     gauge(
+        "relay.build.info",
+        "1",
+        "Always 1; the relay's version and Python version as labels",
+        _build_info,
+    )
+    gauge(
         "relay.consumer.ready",
         "1",
         "1 while connected to broker and database and consuming",
         lambda: [Observation(1 if snapshot.ready else 0)],
     )
+
+
+def _build_info() -> list[Observation]:
+    return [Observation(1, {"version": version(), "python": platform.python_version()})]
 
 
 def _optional(value: float | None) -> list[Observation]:
@@ -300,7 +317,7 @@ def setup(
 
         exporter: SpanExporter = OTLPSpanExporter()
         processors.append(BatchSpanProcessor(exporter))
-    resource = Resource.create({"service.name": service_name})
+    resource = build_resource(service_name)
     meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     # Nothing exports spans: do not record them (a span per delivery costs real CPU).
     tracer_provider = TracerProvider(
@@ -313,6 +330,57 @@ def setup(
         tracer_provider=tracer_provider,
         metrics=Metrics.create(meter_provider.get_meter("reminder-relay")),
     )
+
+
+def version() -> str:
+    """The installed relay's version (``pyproject.toml``), or ``unknown`` from a bare tree."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("reminder-relay")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_resource(default_service_name: str) -> Resource:
+    """The SDK's resource from the environment, with our defaults only where it is silent.
+
+    ``Resource.create`` runs the SDK's detectors (``OTEL_RESOURCE_ATTRIBUTES``,
+    ``OTEL_SERVICE_NAME``, ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``); ``service.name`` falls
+    back to ``default_service_name`` only when neither variable names one, and
+    ``service.version`` to the package's version.
+    """
+    detected = Resource.create()
+    from_env = OTELResourceDetector().detect().attributes
+    defaults: dict[str, str] = {}
+    if not from_env.get(SERVICE_NAME):
+        defaults[SERVICE_NAME] = default_service_name
+    if not from_env.get(SERVICE_VERSION):
+        defaults[SERVICE_VERSION] = version()
+    return detected.merge(Resource(defaults)) if defaults else detected
+
+
+_NOT_SNAKE = re.compile(r"[^a-z0-9]+")
+
+
+def label_value(reason: str) -> str:
+    """A low-cardinality, snake_case label value: the fixed part of a reason, before ``:``.
+
+    ``"rate budget exhausted or paused"`` -> ``rate_budget_exhausted_or_paused``,
+    ``"unsupported schema version: 7"`` -> ``unsupported_schema_version``.
+    """
+    return _NOT_SNAKE.sub("_", reason.split(":")[0].lower()).strip("_") or "unknown"
+
+
+def render_prometheus(registry: Any, accept: str | None) -> tuple[bytes, str]:
+    """``/metrics`` body and Content-Type, negotiated by ``prometheus_client`` on Accept.
+
+    The text format (0.0.4) by default, OpenMetrics when the scraper asks for it.
+    """
+    from prometheus_client import exposition
+
+    encoder, content_type = exposition.choose_encoder(accept or "")
+    return encoder(registry), content_type
 
 
 def noop() -> Metrics:
@@ -348,6 +416,12 @@ def extract_context(headers: Mapping[str, Any] | None) -> Context:
     """The producer's span context from a message's headers (empty if none)."""
     carrier = {k: str(v) for k, v in (headers or {}).items() if k in TRACE_HEADERS}
     return propagate.extract(carrier)
+
+
+def links_from(headers: Mapping[str, Any] | None) -> list[trace.Link]:
+    """A link to the producer's span (the publish run) carried in a message's headers."""
+    producer = trace.get_current_span(extract_context(headers)).get_span_context()
+    return [trace.Link(producer)] if producer.is_valid else []
 
 
 def trace_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
