@@ -15,14 +15,16 @@ import signal
 import socket
 import subprocess
 import urllib.request
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import telemetry
+from service import db, telemetry
 from service.settings import Settings
 from tests.support import broker
 from tests.support import relay as rs
@@ -131,3 +133,40 @@ async def test_live_scrape_follows_prometheus_and_opentelemetry_conventions(
         assert RFC3339_UTC.match(entry["time"]), entry["time"]
         parsed = datetime.fromisoformat(entry["time"])
         assert parsed.utcoffset() is not None and parsed.utcoffset() == UTC.utcoffset(None)
+
+
+@pytest.mark.timeout(120)
+async def test_concurrent_migrates_on_an_empty_database_apply_each_migration_once(
+    settings: Settings,
+) -> None:
+    """What every rollout does (deploy/k8s: an initContainer `relay migrate` on each new
+    consumer pod, several at once with a surge or KEDA): all succeed, each applied once,
+    and a later run applies nothing."""
+    name = f"relay_t_empty_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = urlunsplit(urlsplit(settings.database_url.get_secret_value())._replace(path=f"/{name}"))
+    try:
+        results = await asyncio.gather(
+            *(rs.relay(settings, "migrate", DATABASE_URL=url) for _ in range(4))
+        )
+        assert [r.code for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
+        conn = await asyncpg.connect(url)
+        try:
+            versions = [
+                r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")
+            ]
+        finally:
+            await conn.close()
+        assert sorted(versions) == [v for v, _ in db.migrations()]
+        again = await rs.relay(settings, "migrate", DATABASE_URL=url)
+        assert again.code == 0, again.stderr
+    finally:
+        admin = await asyncpg.connect(settings.database_url.get_secret_value())
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
