@@ -6,7 +6,7 @@ import argparse
 
 from consumer import build
 from consumer import run as consume_run
-from service import telemetry
+from service import conventions, telemetry
 from service.settings import Settings
 
 
@@ -25,7 +25,7 @@ async def consume(args: argparse.Namespace, settings: Settings) -> int:
             settings,
             metrics=telem.metrics,
             tracer=telem.tracer,
-            render_metrics=lambda accept: telemetry.render_prometheus(REGISTRY, accept),
+            render_metrics=lambda accept: conventions.render_prometheus(REGISTRY, accept),
         )
     finally:
         telem.shutdown()

@@ -26,14 +26,10 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import (
-    SERVICE_NAME,
-    SERVICE_VERSION,
-    OTELResourceDetector,
-    Resource,
-)
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from service import conventions
 
 # Seconds: from a fast local receiver (ms) to a provider at its timeout (10 s+).
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -258,11 +254,12 @@ def _register_gauges(meter: Meter, snapshot: Snapshot) -> None:
         "Scheduler lag of the latest publish run",
         lambda: _optional(snapshot.latest_run_lag_seconds),
     )
+    build = {"version": conventions.version(), "python": platform.python_version()}
     gauge(
         "relay.build.info",
         "1",
         "Always 1; the relay's version and Python version as labels",
-        _build_info,
+        lambda: [Observation(1, build)],
     )
     gauge(
         "relay.consumer.ready",
@@ -270,10 +267,6 @@ def _register_gauges(meter: Meter, snapshot: Snapshot) -> None:
         "1 while connected to broker and database and consuming",
         lambda: [Observation(1 if snapshot.ready else 0)],
     )
-
-
-def _build_info() -> list[Observation]:
-    return [Observation(1, {"version": version(), "python": platform.python_version()})]
 
 
 def _optional(value: float | None) -> list[Observation]:
@@ -317,7 +310,7 @@ def setup(
 
         exporter: SpanExporter = OTLPSpanExporter()
         processors.append(BatchSpanProcessor(exporter))
-    resource = build_resource(service_name)
+    resource = conventions.build_resource(service_name)
     meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     # Nothing exports spans: do not record them (a span per delivery costs real CPU).
     tracer_provider = TracerProvider(
@@ -332,34 +325,6 @@ def setup(
     )
 
 
-def version() -> str:
-    """The installed relay's version (``pyproject.toml``), or ``unknown`` from a bare tree."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("reminder-relay")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def build_resource(default_service_name: str) -> Resource:
-    """The SDK's resource from the environment, with our defaults only where it is silent.
-
-    ``Resource.create`` runs the SDK's detectors (``OTEL_RESOURCE_ATTRIBUTES``,
-    ``OTEL_SERVICE_NAME``, ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``); ``service.name`` falls
-    back to ``default_service_name`` only when neither variable names one, and
-    ``service.version`` to the package's version.
-    """
-    detected = Resource.create()
-    from_env = OTELResourceDetector().detect().attributes
-    defaults: dict[str, str] = {}
-    if not from_env.get(SERVICE_NAME):
-        defaults[SERVICE_NAME] = default_service_name
-    if not from_env.get(SERVICE_VERSION):
-        defaults[SERVICE_VERSION] = version()
-    return detected.merge(Resource(defaults)) if defaults else detected
-
-
 _NOT_SNAKE = re.compile(r"[^a-z0-9]+")
 
 
@@ -370,17 +335,6 @@ def label_value(reason: str) -> str:
     ``"unsupported schema version: 7"`` -> ``unsupported_schema_version``.
     """
     return _NOT_SNAKE.sub("_", reason.split(":")[0].lower()).strip("_") or "unknown"
-
-
-def render_prometheus(registry: Any, accept: str | None) -> tuple[bytes, str]:
-    """``/metrics`` body and Content-Type, negotiated by ``prometheus_client`` on Accept.
-
-    The text format (0.0.4) by default, OpenMetrics when the scraper asks for it.
-    """
-    from prometheus_client import exposition
-
-    encoder, content_type = exposition.choose_encoder(accept or "")
-    return encoder(registry), content_type
 
 
 def noop() -> Metrics:

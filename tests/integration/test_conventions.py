@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import db, telemetry
+from service import conventions, db
 from service.settings import Settings
 from tests.support import broker
 from tests.support import relay as rs
@@ -115,7 +115,7 @@ async def test_live_scrape_follows_prometheus_and_opentelemetry_conventions(
 
     samples = _samples(text)
     (build,) = [labels for n, labels, v in samples if n == "relay_build_info" and v == 1]
-    assert build["version"] == telemetry.version() and build["python"] == (
+    assert build["version"] == conventions.version() and build["python"] == (
         platform.python_version()
     )
     reasons = {labels["reason"] for n, labels, _ in samples if "reason" in labels}

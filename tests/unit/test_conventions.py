@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service import logs, telemetry
+from service import conventions, logs, telemetry
 
 
 @pytest.fixture
@@ -25,15 +25,15 @@ def clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_resource_uses_the_default_service_name_only_when_the_environment_names_none(
     clean_otel_env: pytest.MonkeyPatch,
 ) -> None:
-    attributes = telemetry.build_resource("relay-consume").attributes
+    attributes = conventions.build_resource("relay-consume").attributes
     assert attributes["service.name"] == "relay-consume"
-    assert attributes["service.version"] == telemetry.version()
+    assert attributes["service.version"] == conventions.version()
     assert attributes["telemetry.sdk.name"] == "opentelemetry"
 
 
 def test_resource_honours_otel_service_name(clean_otel_env: pytest.MonkeyPatch) -> None:
     clean_otel_env.setenv("OTEL_SERVICE_NAME", "relay-prod")
-    assert telemetry.build_resource("relay-consume").attributes["service.name"] == "relay-prod"
+    assert conventions.build_resource("relay-consume").attributes["service.name"] == "relay-prod"
 
 
 def test_resource_honours_otel_resource_attributes(clean_otel_env: pytest.MonkeyPatch) -> None:
@@ -41,7 +41,7 @@ def test_resource_honours_otel_resource_attributes(clean_otel_env: pytest.Monkey
         "OTEL_RESOURCE_ATTRIBUTES",
         "service.name=from-attrs,service.version=9.9,k8s.namespace.name=relay",
     )
-    attributes = telemetry.build_resource("relay-publish").attributes
+    attributes = conventions.build_resource("relay-publish").attributes
     assert attributes["service.name"] == "from-attrs"
     assert attributes["service.version"] == "9.9"
     assert attributes["k8s.namespace.name"] == "relay"
