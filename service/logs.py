@@ -69,6 +69,9 @@ def setup(level: str = "INFO", stream: Any = None) -> None:
         library = logging.getLogger(name)
         library.handlers.clear()
         library.propagate = True
+    # Python's own warnings (deprecations and the like) become JSON lines too, not text.
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").handlers.clear()
 
 
 def get(name: str) -> logging.Logger:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -67,7 +68,7 @@ def test_label_values_are_the_snake_case_fixed_part_of_a_reason(reason: str, lab
 @pytest.fixture
 def json_stream() -> Iterator[io.StringIO]:
     """``logs.setup`` into a buffer; every logger it touches is restored afterwards."""
-    names = ["", "relay", *logs.LIBRARY_LOGGERS]
+    names = ["", "relay", "py.warnings", *logs.LIBRARY_LOGGERS]
     saved = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).level) for n in names}
     propagate = {n: logging.getLogger(n).propagate for n in names}
     stream = io.StringIO()
@@ -75,6 +76,7 @@ def json_stream() -> Iterator[io.StringIO]:
     try:
         yield stream
     finally:
+        logging.captureWarnings(False)
         for n, (handlers, level) in saved.items():
             logger = logging.getLogger(n)
             logger.handlers[:] = handlers
@@ -113,3 +115,12 @@ def test_library_loggers_go_through_the_same_json_formatter(json_stream: io.Stri
         "aiohttp.client",
     ]
     assert all(str(e["time"]).endswith("Z") and e["level"] == "WARNING" for e in entries)
+
+
+def test_python_warnings_come_out_as_json_lines(json_stream: io.StringIO) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("something is deprecated", DeprecationWarning, stacklevel=1)
+    (entry,) = _lines(json_stream)
+    assert entry["logger"] == "py.warnings" and entry["level"] == "WARNING"
+    assert "something is deprecated" in str(entry["message"])
