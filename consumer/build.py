@@ -197,8 +197,12 @@ async def worker_for(
     on_broker_failure: Callable[[], None],
 ) -> worker.Worker:
     """The worker with everything it needs: budgets, store, gate, deliverer."""
-    specs = budget.parse_budgets(settings.budgets)
-    budgets = budget.Budgets(pool, specs, urgent_reserve_fraction=settings.budget_urgent_reserve)
+    topology = amqp.Topology.from_settings(settings)
+    budgets = budget.Budgets(
+        pool,
+        budget.parse_budgets(settings.budgets),
+        urgent_reserve_fraction=settings.budget_urgent_reserve,
+    )
     await budgets.setup()  # every replica writes the same configured budgets
     stopping = asyncio.Event()
     ledger_store = _store(settings, pool, watch, stopping)
@@ -226,7 +230,10 @@ async def worker_for(
         store=ledger_store,
         deliverer=deliverer,
         publisher=publisher,
-        config=worker.WorkerConfig(send_timeout_seconds=settings.http_timeout_seconds),
+        config=worker.WorkerConfig(
+            send_timeout_seconds=settings.http_timeout_seconds,
+            lane_queues={lane: topology.lane_queue(lane) for lane in (amqp.BULK, amqp.URGENT)},
+        ),
         metrics=metrics,
         stopping=stopping,
         on_broker_failure=on_broker_failure,

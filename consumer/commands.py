@@ -6,7 +6,7 @@ import argparse
 
 from consumer import build
 from consumer import run as consume_run
-from service import telemetry
+from service import conventions, telemetry
 from service.settings import Settings
 
 
@@ -17,7 +17,7 @@ async def consume(args: argparse.Namespace, settings: Settings) -> int:
         return await consume_run.check(settings)
     consume_run.check_health_port(settings)
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client import REGISTRY
 
     telem = telemetry.setup("relay-consume", [PrometheusMetricReader()])
     try:
@@ -25,7 +25,7 @@ async def consume(args: argparse.Namespace, settings: Settings) -> int:
             settings,
             metrics=telem.metrics,
             tracer=telem.tracer,
-            render_metrics=lambda: generate_latest(REGISTRY),
+            render_metrics=lambda accept: conventions.render_prometheus(REGISTRY, accept),
         )
     finally:
         telem.shutdown()

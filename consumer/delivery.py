@@ -25,7 +25,7 @@ from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
 from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Redelay
 from consumer.retry import Action, RetryPolicy
 from consumer.store import Store
-from service import amqp, destinations, logs
+from service import amqp, destinations, logs, telemetry
 from service.clock import Clock
 from service.crashpoints import CrashPoints
 from service.errors import Abandoned
@@ -296,7 +296,9 @@ class Deliverer:
             lane = amqp.lane_of(row.urgent)
             self._metrics.lateness.record(max(late, 0.0), {"channel": row.channel, "lane": lane})
         if decision.action is Action.DEAD:
-            self._metrics.dead_letters.add(1, {"reason": decision.reason or "dead", **labels})
+            self._metrics.dead_letters.add(
+                1, {"reason": telemetry.label_value(decision.reason or "dead"), **labels}
+            )
             return DeadLetter(
                 completion.error or "dead",
                 dead_row=(row.id, row.attempts),
@@ -306,7 +308,9 @@ class Deliverer:
 
     async def _skip(self, row: Claimed, reason: str) -> Disposition:
         await self._store.complete(decisions.skipped(row, reason))
-        self._metrics.skipped.add(1, {"reason": reason, "channel": row.channel})
+        self._metrics.skipped.add(
+            1, {"reason": telemetry.label_value(reason), "channel": row.channel}
+        )
         log.info("delivery skipped", extra={"event": "skipped", "reason": reason, **_fields(row)})
         return Ack()
 
@@ -314,7 +318,7 @@ class Deliverer:
         """Give the claim back without counting an attempt, and park the message."""
         retry_at = self._clock.now() + timedelta(seconds=seconds)
         await self._store.release(row.id, row.attempts, retry_at)
-        self._metrics.deferrals.add(1, {"reason": _reason_label(reason)})
+        self._metrics.deferrals.add(1, {"reason": telemetry.label_value(reason)})
         log.info(
             "send deferred without an attempt",
             extra={
@@ -384,8 +388,3 @@ def _fields(row: Claimed) -> dict[str, Any]:
 
 def _fields_event(row: Claimed) -> dict[str, Any]:
     return {"event": "lease_expired_unsent", **_fields(row)}
-
-
-def _reason_label(reason: str) -> str:
-    """A low-cardinality metric label: the reason's fixed part."""
-    return reason.split(":")[0]

@@ -4,7 +4,8 @@
 the database has not been unreachable past its bound, and held messages keep finishing.
 ``/readyz`` answers 200 only while the broker connection and every channel the process
 needs are open, the database answers, and the process is consuming.
-``/metrics`` renders the OpenTelemetry Prometheus reader's registry.
+``/metrics`` renders the OpenTelemetry Prometheus reader's registry in the format the
+scraper's ``Accept`` header asks for (``prometheus_client``'s content negotiation).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from aiohttp import web
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, dict[str, bool]]]]
 LiveCheck = Callable[[], tuple[bool, dict[str, float]]]
-MetricsRender = Callable[[], bytes]
+# The scraper's Accept header -> the body and its Content-Type.
+MetricsRender = Callable[[str | None], tuple[bytes, str]]
 
 
 def build_app(
@@ -37,14 +39,10 @@ def build_app(
             {"status": "ready" if ok else "not ready", **parts}, status=200 if ok else 503
         )
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
         assert render_metrics is not None
-        return web.Response(
-            body=render_metrics(),
-            content_type="text/plain",
-            charset="utf-8",
-            headers={"X-Content-Type": "version=0.0.4"},
-        )
+        body, content_type = render_metrics(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     app = web.Application()
     app.router.add_get("/livez", livez)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 
 from consumer.acks import GroupedAcks
@@ -51,6 +52,8 @@ _EARLY_WAIT_SECONDS = 2.0
 @dataclass(frozen=True)
 class WorkerConfig:
     send_timeout_seconds: float = 10.0
+    # The queue each lane is consumed from (span names); the lane itself when unknown.
+    lane_queues: dict[str, str] = field(default_factory=dict)
 
 
 class Worker:
@@ -245,17 +248,24 @@ class Worker:
     async def _decide_in_span(self, message: AbstractIncomingMessage) -> Disposition:
         if not self._tracing:  # nothing exports spans: skip the context work entirely
             return await self._decide(message, trace.INVALID_SPAN)
-        # One span per delivery message, a child of the publish run that sent it (the
-        # trace context travels in the AMQP headers), keyed by delivery id only.
+        # One span per delivery message, its own trace's root, linked to the publish run
+        # that sent it (the run's context travels in the AMQP headers): batch -> message
+        # links, per the messaging conventions, so a run is not one enormous trace.
+        lane = message.routing_key or amqp.BULK
+        queue = self._config.lane_queues.get(lane, lane)
         with self._tracer.start_as_current_span(
-            f"{message.routing_key or amqp.BULK} process",
-            context=telemetry.extract_context(message.headers),
+            f"process {queue}",
+            context=Context(),
             kind=SpanKind.CONSUMER,
+            links=telemetry.links_from(message.headers),
             attributes={
                 "messaging.system": "rabbitmq",
+                "messaging.operation.name": "process",
                 "messaging.operation.type": "process",
+                # RabbitMQ's convention: the destination is the exchange (+ routing key).
                 "messaging.destination.name": message.exchange or "",
-                "messaging.rabbitmq.destination.routing_key": message.routing_key or "",
+                "messaging.destination.subscription.name": queue,
+                "messaging.rabbitmq.destination.routing_key": lane,
             },
         ) as span:
             disposition = await self._decide(message, span)
@@ -302,7 +312,7 @@ class Worker:
         return False
 
     def _poison(self, reason: str, delivery_id: int | None = None) -> Disposition:
-        label = {"reason": reason.split(":")[0]}
+        label = {"reason": telemetry.label_value(reason)}
         self._metrics.poison.add(1, label)
         self._metrics.dead_letters.add(1, label)
         log.warning(
@@ -316,7 +326,7 @@ class Worker:
             # The consumer that wrote 'dead' died before the dead letter was confirmed:
             # publish it now, from the ledger, so the dead-letter queue misses nothing.
             reason = row.last_error or "dead"
-            self._metrics.dead_letters.add(1, {"reason": reason.split(":")[0]})
+            self._metrics.dead_letters.add(1, {"reason": telemetry.label_value(reason)})
             log.warning(
                 "missing dead letter published on redelivery",
                 extra={"event": "dead_letter_recovered", "delivery_id": row.id},

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
@@ -27,17 +28,34 @@ def redact(text: str) -> str:
     return _PHONE.sub("<phone>", text)
 
 
-def setup(level: str = "INFO", stream: Any = None) -> None:
-    """Send every ``relay.*`` logger's records to ``stream`` as JSON lines."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(
-        JsonFormatter(
-            "{asctime}{levelname}{name}{message}",
-            style="{",
-            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-            timestamp=False,
-        )
+# The libraries whose own lines reach our stream. Each is reset to propagate to the root
+# handler below, so a handler one of them (or an application) attached cannot print plain
+# text beside the JSON lines.
+LIBRARY_LOGGERS = ("aio_pika", "aiormq", "asyncio", "aiohttp", "asyncpg")
+
+
+class RelayJsonFormatter(JsonFormatter):
+    """JSON lines whose ``time`` is RFC 3339 in UTC with milliseconds (``...T04:07:34.636Z``)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        return f"{seconds}.{int(record.msecs):03d}Z"
+
+
+def formatter() -> logging.Formatter:
+    """The one formatter every log line of a relay process goes through."""
+    return RelayJsonFormatter(
+        "{asctime}{levelname}{name}{message}",
+        style="{",
+        rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        timestamp=False,
     )
+
+
+def setup(level: str = "INFO", stream: Any = None) -> None:
+    """Send every ``relay.*`` logger's records, and the libraries', to ``stream`` as JSON."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(formatter())
     root = logging.getLogger("relay")
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -47,6 +65,13 @@ def setup(level: str = "INFO", stream: Any = None) -> None:
     libraries = logging.getLogger()
     libraries.handlers[:] = [handler]
     libraries.setLevel(logging.WARNING)
+    for name in LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        library.handlers.clear()
+        library.propagate = True
+    # Python's own warnings (deprecations and the like) become JSON lines too, not text.
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").handlers.clear()
 
 
 def get(name: str) -> logging.Logger:

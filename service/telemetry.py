@@ -14,6 +14,8 @@ is set (the short-lived publisher flushes before it exits).
 from __future__ import annotations
 
 import os
+import platform
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -24,9 +26,10 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from service import conventions
 
 # Seconds: from a fast local receiver (ms) to a provider at its timeout (10 s+).
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -263,6 +266,13 @@ def _register_gauges(meter: Meter, snapshot: Snapshot) -> None:
         "Scheduler lag of the latest publish run",
         lambda: _optional(snapshot.latest_run_lag_seconds),
     )
+    build = {"version": conventions.version(), "python": platform.python_version()}
+    gauge(
+        "relay.build.info",
+        "1",
+        "Always 1; the relay's version and Python version as labels",
+        lambda: [Observation(1, build)],
+    )
     gauge(
         "relay.consumer.ready",
         "1",
@@ -312,7 +322,7 @@ def setup(
 
         exporter: SpanExporter = OTLPSpanExporter()
         processors.append(BatchSpanProcessor(exporter))
-    resource = Resource.create({"service.name": service_name})
+    resource = conventions.build_resource(service_name)
     meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     # Nothing exports spans: do not record them (a span per delivery costs real CPU).
     tracer_provider = TracerProvider(
@@ -325,6 +335,18 @@ def setup(
         tracer_provider=tracer_provider,
         metrics=Metrics.create(meter_provider.get_meter("reminder-relay")),
     )
+
+
+_NOT_SNAKE = re.compile(r"[^a-z0-9]+")
+
+
+def label_value(reason: str) -> str:
+    """A low-cardinality, snake_case label value: the fixed part of a reason, before ``:``.
+
+    ``"rate budget exhausted or paused"`` -> ``rate_budget_exhausted_or_paused``,
+    ``"unsupported schema version: 7"`` -> ``unsupported_schema_version``.
+    """
+    return _NOT_SNAKE.sub("_", reason.split(":")[0].lower()).strip("_") or "unknown"
 
 
 def noop() -> Metrics:
@@ -360,6 +382,12 @@ def extract_context(headers: Mapping[str, Any] | None) -> Context:
     """The producer's span context from a message's headers (empty if none)."""
     carrier = {k: str(v) for k, v in (headers or {}).items() if k in TRACE_HEADERS}
     return propagate.extract(carrier)
+
+
+def links_from(headers: Mapping[str, Any] | None) -> list[trace.Link]:
+    """A link to the producer's span (the publish run) carried in a message's headers."""
+    producer = trace.get_current_span(extract_context(headers)).get_span_context()
+    return [trace.Link(producer)] if producer.is_valid else []
 
 
 def trace_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -145,8 +145,25 @@ def find(objs: tuple[Obj, ...] | list[Obj], kind: str, name: str | None = None) 
     return matches[0]
 
 
+# The settings ConfigMap's name before kustomize appends its content hash.
+CONFIG_NAME = "relay-config"
+
+
+def is_config_name(name: str) -> bool:
+    """Whether ``name`` is the generated settings ConfigMap (``relay-config-<hash>``)."""
+    return re.fullmatch(rf"{CONFIG_NAME}-[a-z0-9]{{10}}", name) is not None
+
+
+def config_map(objs: tuple[Obj, ...] | list[Obj]) -> Obj:
+    matches = [
+        o for o in objs if o["kind"] == "ConfigMap" and is_config_name(o["metadata"]["name"])
+    ]
+    assert len(matches) == 1, f"expected one ConfigMap {CONFIG_NAME}-<hash>, found {len(matches)}"
+    return matches[0]
+
+
 def config_data(objs: tuple[Obj, ...] | list[Obj]) -> dict[str, str]:
-    data: dict[str, str] = find(objs, "ConfigMap", "relay-config")["data"]
+    data: dict[str, str] = config_map(objs)["data"]
     return data
 
 

@@ -94,7 +94,7 @@ def test_environment_port_and_healthcheck() -> None:
     (expose,) = _instructions(stage, "EXPOSE")
     assert int(expose) == Settings().health_port
     (check,) = _instructions(stage, "HEALTHCHECK")
-    app = health.build_app(lambda: None, lambda: (True, {}), lambda: b"")  # type: ignore[arg-type,return-value]
+    app = health.build_app(lambda: None, lambda: (True, {}), lambda _: (b"", ""))  # type: ignore[arg-type,return-value]
     paths = {r.resource.canonical for r in app.router.routes() if r.resource}
     match = re.search(r"http://127\.0\.0\.1:[^/]+(/\w+)", check)
     assert match and match.group(1) in paths, check

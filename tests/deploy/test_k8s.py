@@ -13,7 +13,7 @@ import yaml
 from croniter import croniter
 
 from consumer import health
-from service import amqp, errors, settings
+from service import amqp, errors, netpolicy, settings
 from service.settings import Settings
 from tests.deploy import support
 from tests.deploy.support import K8S, Obj
@@ -131,7 +131,7 @@ def test_kustomization_references_resolve() -> None:
                 f"{where}: images must rewrite {support.IMAGE_NAME}"
             )
         resources = [o for f in _resource_files(directory) for o in support.load_docs(f)]
-        if doc["kind"] == "Component":
+        if doc["kind"] == "Component" and doc.get("patches"):
             parent = directory.parent
             resources += [o for f in _resource_files(parent) for o in support.load_docs(f)]
         for patch in doc.get("patches", []):
@@ -241,7 +241,7 @@ def test_secret_is_mounted_where_relay_secrets_dir_points() -> None:
     for name, obj in support.all_rendered():
         for _, spec in support.workloads([obj]):
             volumes = {v["name"]: v for v in spec.get("volumes", [])}
-            for container in spec["containers"]:
+            for container in spec["containers"] + spec.get("initContainers", []):
                 where = f"{name}: {support.kind_name(obj)}/{container['name']}"
                 env = {e["name"]: e.get("value") for e in container.get("env", [])}
                 secrets_dir = env.get("RELAY_SECRETS_DIR")
@@ -252,7 +252,7 @@ def test_secret_is_mounted_where_relay_secrets_dir_points() -> None:
                 assert volume["secret"]["secretName"] == "relay-secrets", where
                 assert mounts[secrets_dir].get("readOnly") is True, where
                 sources = [e["configMapRef"]["name"] for e in container.get("envFrom", [])]
-                assert sources == ["relay-config"], where
+                assert len(sources) == 1 and support.is_config_name(sources[0]), where
 
 
 # --- the consumer's probes, ports and shutdown ------------------------------------------
@@ -262,7 +262,10 @@ def _health_routes() -> set[str]:
     async def ready() -> tuple[bool, dict[str, bool]]:
         return True, {}
 
-    app = health.build_app(ready, lambda: (True, {}), lambda: b"")  # only inspected, never served
+    def render(_accept: str | None) -> tuple[bytes, str]:
+        return b"", "text/plain"
+
+    app = health.build_app(ready, lambda: (True, {}), render)  # only inspected, never served
     return {route.resource.canonical for route in app.router.routes() if route.resource}
 
 
@@ -322,7 +325,9 @@ def test_publisher_cronjob() -> None:
     # The controller looks every ~10 s; below that a run may never start. Below the
     # schedule's period, a late run is dropped instead of piling onto the next.
     assert 10 <= spec["startingDeadlineSeconds"] < 60
-    assert spec["successfulJobsHistoryLimit"] >= 1 and spec["failedJobsHistoryLimit"] >= 1
+    # Every minute is 1,440 Jobs a day: keep the last few, so Jobs and pods do not pile up.
+    assert 1 <= spec["successfulJobsHistoryLimit"] <= 3
+    assert 1 <= spec["failedJobsHistoryLimit"] <= 5
     job = spec["jobTemplate"]["spec"]
     assert job["backoffLimit"] <= 2 and job["activeDeadlineSeconds"] > 0
     pod = job["template"]["spec"]
@@ -332,11 +337,41 @@ def test_publisher_cronjob() -> None:
     assert args.command == "publish"
 
 
-def test_migrate_job() -> None:
-    job = support.find(support.rendered("overlays/example"), "Job", "relay-migrate")
-    (container,) = job["spec"]["template"]["spec"]["containers"]
-    assert support.container_argv(container) == ["migrate"]
-    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+@pytest.mark.parametrize("kustomization", ["base", "overlays/example"])
+def test_every_rollout_migrates_first_without_a_job_to_delete(kustomization: str) -> None:
+    objs = support.rendered(kustomization)
+    assert not [o for o in objs if o["kind"] == "Job"], "no Job whose template blocks a rollout"
+    deployment, consumer = _consumer(objs)
+    pod = deployment["spec"]["template"]["spec"]
+    (migrate,) = pod["initContainers"]
+    assert support.container_argv(migrate) == ["migrate"]
+    assert migrate["image"] == consumer["image"], "migrate with the version being rolled out"
+    assert migrate["envFrom"] == consumer["envFrom"]
+    strategy = deployment["spec"]["strategy"]["rollingUpdate"]
+    assert strategy["maxUnavailable"] == 0, "old pods serve while a new pod migrates"
+
+
+def test_settings_configmap_is_generated_with_a_content_hash() -> None:
+    objs = support.rendered("overlays/example")
+    config = support.config_map(objs)
+    assert config["metadata"]["labels"]["app.kubernetes.io/component"] == "config"
+    # Every workload reads the hashed name: an edit renames it and so rolls the pods.
+    for obj, spec in support.workloads(objs):
+        for container in spec["containers"] + spec.get("initContainers", []):
+            (source,) = container["envFrom"]
+            assert source["configMapRef"]["name"] == config["metadata"]["name"], obj["kind"]
+    # The overlay's values are merged over the base's.
+    assert config["data"]["RELAY_MAX_ATTEMPTS_PER_CHANNEL"] == "sms=4,email=10"
+    assert config["data"]["RELAY_AMQP_NAMESPACE"] == "relay"
+    # A different value gives a different name.
+    base = support.config_map(support.rendered("base"))
+    assert base["data"] != config["data"] and base["metadata"]["name"] != config["metadata"]["name"]
+
+
+def test_replay_reads_the_same_settings_as_the_running_consumers() -> None:
+    main = support.config_map(support.rendered("overlays/example"))
+    replay = support.config_map(support.rendered("overlays/example/replay"))
+    assert (replay["metadata"]["name"], replay["data"]) == (main["metadata"]["name"], main["data"])
 
 
 def test_replay_job_is_a_dry_run_by_default() -> None:
@@ -359,6 +394,95 @@ def test_no_relay_job_in_the_main_kustomization_acts_without_being_asked() -> No
     assert ("Job", "relay-replay") not in kinds  # applying the overlay must not replay
 
 
+# --- network policy -----------------------------------------------------------------------
+
+
+def _egress_rules() -> list[Obj]:
+    policy = support.find(support.rendered("overlays/example"), "NetworkPolicy", "relay-egress")
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    selector = policy["spec"]["podSelector"]["matchLabels"].items()
+    deployments = [o for o in support.rendered("overlays/example") if o["kind"] == "Deployment"]
+    assert deployments
+    for deployment in deployments:  # the consumer and the console: every relay pod
+        assert selector <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    rules: list[Obj] = policy["spec"]["egress"]
+    return rules
+
+
+def _allowed(address: str, port: int, protocol: str = "TCP") -> bool:
+    """Whether the egress rules let a relay pod connect to ``address:port``."""
+    ip = ipaddress.ip_address(address)
+    for rule in _egress_rules():
+        ports = rule.get("ports")
+        if ports is not None and not any(
+            p["port"] == port and p.get("protocol", "TCP") == protocol for p in ports
+        ):
+            continue
+        peers = rule.get("to")
+        if peers is None:
+            return True
+        for peer in peers:
+            block = peer["ipBlock"]  # only ipBlock peers: no pod or namespace selectors
+            net = ipaddress.ip_network(block["cidr"])
+            if ip.version == net.version and ip in net:
+                if not any(ip in ipaddress.ip_network(e) for e in block.get("except", [])):
+                    return True
+    return False
+
+
+def test_egress_allows_dns_database_broker_and_public_internet() -> None:
+    assert _allowed("10.96.0.10", 53, "UDP") and _allowed("10.96.0.10", 53, "TCP")
+    assert _allowed("169.254.20.10", 53, "UDP")  # NodeLocal DNSCache
+    for port in (5432, 5672, 5671):
+        assert _allowed("10.0.12.7", port), port
+    for address, port in [("93.184.216.34", 443), ("8.8.8.8", 8443), ("2606:4700::1111", 443)]:
+        assert _allowed(address, port), address
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "169.254.169.254",  # cloud metadata
+        "10.0.0.1",
+        "172.16.5.4",
+        "192.168.1.1",
+        "100.64.0.1",
+        "127.0.0.1",
+        "fd00:ec2::254",  # AWS IMDS over IPv6
+        "::ffff:10.0.0.1",
+        "fe80::1",
+    ],
+)
+def test_egress_refuses_private_and_metadata_addresses(address: str) -> None:
+    assert not _allowed(address, 80) and not _allowed(address, 443)
+
+
+def test_egress_excludes_every_range_the_ssrf_guard_refuses() -> None:
+    """The network policy and service/netpolicy.py agree: whatever the guard refuses, the
+    cluster refuses too (the guard unwraps IPv6 forms of IPv4; the policy drops them)."""
+    public = [
+        ipaddress.ip_network(p["ipBlock"]["cidr"])
+        for rule in _egress_rules()
+        if rule.get("ports") is None
+        for p in rule["to"]
+    ]
+    excepts = [
+        ipaddress.ip_network(e)
+        for rule in _egress_rules()
+        if rule.get("ports") is None
+        for p in rule["to"]
+        for e in p["ipBlock"].get("except", [])
+    ]
+    assert {n.version for n in public} == {4, 6}
+    refused = [n for _, nets in netpolicy._V4_RULES + netpolicy._V6_RULES for n in nets]
+    for net in refused:
+        covered = any(
+            net.version == e.version and net.subnet_of(e)  # type: ignore[arg-type]
+            for e in excepts
+        )
+        assert covered, f"{net} is refused by the SSRF guard but not by relay-egress"
+
+
 # --- pod hardening ----------------------------------------------------------------------
 
 
@@ -372,7 +496,7 @@ def test_pods_are_hardened() -> None:
             assert spec["automountServiceAccountToken"] is False, where
             assert spec["serviceAccountName"] == "relay", where
             tmp_volumes = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
-            for container in spec["containers"]:
+            for container in spec["containers"] + spec.get("initContainers", []):
                 sc = container["securityContext"]
                 cwhere = f"{where}/{container['name']}"
                 assert sc["allowPrivilegeEscalation"] is False, cwhere

@@ -30,8 +30,17 @@ ALERT_TESTS = OBSERVABILITY / "alerts.test.yaml"
 DASHBOARD = OBSERVABILITY / "dashboard.json"
 METRICS_DOC = REPO / "docs" / "metrics.md"
 
-# Grafana's interval variables, replaced by a duration so promtool can parse the expression.
-GRAFANA_INTERVALS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
+# Grafana's interval variables, replaced by a duration so promtool can parse the expression;
+# the dashboard's own variables by their "All" value.
+GRAFANA_INTERVALS = {
+    "$__rate_interval": "5m",
+    "$__interval": "1m",
+    "$__range": "1h",
+    "$namespace": ".*",
+    "$job": ".*",
+}
+# The documented default base of every alert's runbook_url (docs/metrics.md, Alerts).
+RUNBOOK_BASE = "https://github.com/reminder-relay/reminder-relay/blob/main/docs/metrics.md"
 
 _PROMQL_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _RELAY_METRIC = re.compile(r"(?<![\w:$])relay_[A-Za-z0-9_:]*")
@@ -198,9 +207,52 @@ def test_alert_rules_are_complete() -> None:
         notes = rule.get("annotations", {})
         assert notes.get("summary") and notes.get("description"), name
         runbook = notes.get("runbook_url", "")
-        path, _, anchor = runbook.partition("#")
-        assert path == "docs/metrics.md", f"{name}: runbook_url must point into docs/metrics.md"
+        base, _, anchor = runbook.partition("#")
+        assert base == RUNBOOK_BASE, f"{name}: runbook_url must be absolute, under {RUNBOOK_BASE}"
         assert anchor in headings, f"{name}: docs/metrics.md has no section #{anchor}"
+
+
+_AGGREGATION = re.compile(r"\b(sum|max|min|avg|count)\s*(?:by\s*\(([^)]*)\))?\s*\(")
+_ON = re.compile(r"\bon\s*\(([^)]*)\)\s*(\w*)")
+
+
+def test_alert_rules_aggregate_by_namespace() -> None:
+    for rule in alert_rules():
+        expr = _PROMQL_STRING.sub('""', rule["expr"])
+        for match in _AGGREGATION.finditer(expr):
+            grouping = [label.strip() for label in (match.group(2) or "").split(",")]
+            assert "namespace" in grouping, f"{rule['alert']}: {match.group(0)} not by namespace"
+        for match in _ON.finditer(expr):
+            matching = [label.strip() for label in match.group(1).split(",")]
+            # absent() has no labels to match on: only there is `on ()` right.
+            assert "namespace" in matching or match.group(2) == "absent", rule["alert"]
+
+
+def test_alert_rules_under_another_runbook_base(tmp_path: Path) -> None:
+    base = "https://git.example.com/ops/relay/-/blob/main/docs/metrics.md"
+    printed = subprocess.run(
+        [str(REPO / "scripts" / "alert-rules"), base],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(printed)
+    groups = yaml.safe_load(printed)["groups"]
+    urls = [r["annotations"]["runbook_url"] for g in groups for r in g["rules"]]
+    assert len(urls) == len(alert_rules())
+    assert all(url.startswith(base + "#relay") for url in urls), urls
+    result = run_promtool("check", "rules", "--lint-fatal", str(rules))
+    assert result.returncode == 0, result.stdout + result.stderr
+    relative = subprocess.run(
+        [str(REPO / "scripts" / "alert-rules"), "docs/metrics.md"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert relative.returncode == 2 and "absolute" in relative.stderr
 
 
 def test_scrape_job_in_alerts_is_the_metrics_service() -> None:
@@ -240,6 +292,11 @@ def test_dashboard_structure() -> None:
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "job"):
+        variable = variables[name]
+        assert variable["type"] == "query" and variable["includeAll"], name
+        assert variable["allValue"] == ".*", f"{name}: All must match series without the label"
+        assert f", {name})" in variable["definition"], name
     ids = [p["id"] for p in panels()]
     assert len(ids) == len(set(ids)), f"duplicate panel ids: {ids}"
     assert query_panels(), "no panels"
@@ -260,6 +317,27 @@ def test_dashboard_panel(panel: Obj) -> None:
         assert used <= known, f"{target['refId']}: not exported by the code: {used - known}"
     grid = panel["gridPos"]
     assert grid["x"] >= 0 and grid["w"] > 0 and grid["x"] + grid["w"] <= 24
+
+
+def test_every_dashboard_query_is_scoped_to_the_namespace_and_job_variables() -> None:
+    selector = re.compile(r"(relay_[A-Za-z0-9_:]*)(\{[^}]*\})?")
+    for panel in query_panels():
+        for target in panel["targets"]:
+            for name, matchers in selector.findall(target["expr"]):
+                assert 'namespace=~"$namespace"' in matchers, f"{panel['title']}: {name}"
+                assert 'job=~"$job"' in matchers, f"{panel['title']}: {name}"
+
+
+def test_dashboard_shows_delivery_lateness_p50_and_p95_by_lane() -> None:
+    (panel,) = [p for p in query_panels() if p["title"] == "Delivery lateness p50 / p95 by lane"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert [e.split(",")[0] for e in exprs] == [
+        "histogram_quantile(0.5",
+        "histogram_quantile(0.95",
+    ]
+    for expr in exprs:
+        assert metric_names(expr) == {"relay_delivery_lateness_seconds_bucket"}
+        assert "sum by (lane, le)" in expr
 
 
 def test_dashboard_panels_do_not_overlap() -> None:

@@ -38,7 +38,7 @@ async def test_email_on_a_replica_without_the_email_key_is_deferred_then_sent_by
     # No e-mail key on this replica: the channel is missing.
     async with rs.consumer_in_process(settings) as consumer:
         await rs.wait_for(deferred_once, 30, "the e-mail deferred by the replica without it")
-        deferrals = consumer.metric("relay.delivery.deferrals", reason="channel not configured")
+        deferrals = consumer.metric("relay.delivery.deferrals", reason="channel_not_configured")
     row = await pool.fetchrow("SELECT state::text, attempts, last_error FROM deliveries")
     assert row is not None
     assert (row["state"], row["attempts"], row["last_error"]) == ("retrying", 0, None)

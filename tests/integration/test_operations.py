@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from publisher import run as publish_run
-from service import telemetry
+from service import amqp, telemetry
 from service.clock import SystemClock
 from service.ops import partner as partner_mod
 from service.settings import Settings
@@ -115,7 +115,7 @@ async def test_scraped_metrics_match_the_ledger_after_a_run_with_faults(
     assert _sum(samples, "relay_run_completion_ratio") == 280 / 300
 
 
-async def test_one_trace_links_the_publish_run_to_every_delivery_attempt(
+async def test_every_delivery_attempt_span_links_to_the_publish_run_span(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
     exporter = InMemorySpanExporter()
@@ -136,13 +136,23 @@ async def test_one_trace_links_the_publish_run_to_every_delivery_attempt(
         await rs.wait_for(lambda: _final(pool, 6), 20, "all delivered")
     spans = exporter.get_finished_spans()
     (run_span,) = [s for s in spans if s.name == "relay publish run"]
-    attempts = [s for s in spans if s.name.endswith(" process")]
-    assert len(attempts) == 7  # 6 first attempts + 1 retry, all in the run's trace
+    topology = amqp.Topology.from_settings(settings)
+    queue = topology.lane_queue(amqp.BULK)
+    attempts = [s for s in spans if s.name == f"process {queue}"]
+    assert len(attempts) == 7  # 6 first attempts + 1 retry, each linked to the run
     for span in attempts:
-        assert span.context.trace_id == run_span.context.trace_id
-        assert span.parent is not None and span.parent.span_id == run_span.context.span_id
+        # Its own trace, not a child of the run: linked to it (batch -> message).
+        assert span.parent is None and span.context.trace_id != run_span.context.trace_id
+        assert [(link.context.trace_id, link.context.span_id) for link in span.links] == [
+            (run_span.context.trace_id, run_span.context.span_id)
+        ]
         assert span.attributes["messaging.system"] == "rabbitmq"
+        assert span.attributes["messaging.operation.name"] == "process"
+        assert span.attributes["messaging.operation.type"] == "process"
+        assert span.attributes["messaging.destination.name"] == topology.work_exchange
+        assert span.attributes["messaging.destination.subscription.name"] == queue
         assert isinstance(span.attributes["relay.delivery_id"], int)
+    assert len({s.context.trace_id for s in attempts}) == 7
     everything = json.dumps([dict(s.attributes or {}) for s in spans])
     assert "127.0.0.1" not in everything and "hello" not in everything
 
