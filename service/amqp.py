@@ -31,7 +31,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from service import errors, messages, servers
+from service import brokers, errors, messages, servers
 from service.settings import Settings
 
 # A delivery due sooner than this goes straight to its lane.
@@ -52,6 +52,7 @@ class Topology:
     namespace: str
     delay_tiers_seconds: tuple[float, ...]
     delivery_limit: int
+    quorum_group_size: int = 0  # 0: x-quorum-initial-group-size not sent
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Topology:
@@ -59,6 +60,7 @@ class Topology:
             namespace=settings.amqp_namespace,
             delay_tiers_seconds=tuple(settings.delay_tiers_seconds),
             delivery_limit=settings.amqp_delivery_limit,
+            quorum_group_size=settings.amqp_quorum_group_size,
         )
 
     @property
@@ -118,19 +120,25 @@ async def connect(settings: Settings, *, name: str) -> AbstractConnection:
     """Open a connection named after its process; raise UnavailableError naming the broker
     (host:port and vhost, never the URL) and the cause if it cannot be opened.
 
-    The heartbeat makes a broker that stops answering (hung, or cut off without a reset)
-    a closed connection within about twice ``amqp_heartbeat_seconds``.
+    A URL naming several nodes is tried node by node (``brokers.connect_first``), each
+    within ``amqp_timeout_seconds``. The heartbeat makes a broker that stops answering
+    (hung, or cut off without a reset) a closed connection within about twice
+    ``amqp_heartbeat_seconds``.
     """
-    url = settings.amqp_url.get_secret_value()
     servers.quiet_transport_errors()
-    try:
+
+    async def open_one(url: str) -> AbstractConnection:
         return await aio_pika.connect(
             url,
             client_properties={"connection_name": name},
             timeout=settings.amqp_timeout_seconds,
             heartbeat=settings.amqp_heartbeat_seconds,
         )
-    except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
+
+    urls = servers.one_url_per_host(settings.amqp_url.get_secret_value())
+    try:
+        return await brokers.connect_first(urls, open_one)
+    except brokers.NODE_ERRORS as exc:
         raise errors.UnavailableError(servers.broker_unreachable(exc, settings)) from exc
     except ValueError as exc:  # the client refused a URL the settings let through
         raise errors.ConfigError(
@@ -155,19 +163,19 @@ async def declare(channel: AbstractChannel, topology: Topology) -> None:
         "x-overflow": "reject-publish",
     }
     for lane in (BULK, URGENT):
-        queue = await channel.declare_queue(
+        queue = await brokers.declare_quorum(
+            channel,
             topology.lane_queue(lane),
-            durable=True,
-            arguments={
-                "x-queue-type": "quorum",
+            {
                 "x-delivery-limit": topology.delivery_limit,
                 "x-dead-letter-exchange": topology.dead_exchange,
                 **safe_dead_lettering,
             },
+            topology.quorum_group_size,
         )
         await queue.bind(work, routing_key=lane)
-    dead = await channel.declare_queue(
-        topology.dead_queue, durable=True, arguments={"x-queue-type": "quorum"}
+    dead = await brokers.declare_quorum(
+        channel, topology.dead_queue, {}, topology.quorum_group_size
     )
     await dead.bind(dlx)
     timer_exchange = await channel.declare_exchange(
@@ -181,15 +189,15 @@ async def declare(channel: AbstractChannel, topology: Topology) -> None:
     for lane in (BULK, URGENT):
         await timer.bind(timer_exchange, routing_key=lane)
     for tier in topology.delay_tiers_seconds:
-        tier_queue = await channel.declare_queue(
+        tier_queue = await brokers.declare_quorum(
+            channel,
             topology.delay_queue(tier),
-            durable=True,
-            arguments={
-                "x-queue-type": "quorum",
+            {
                 "x-message-ttl": round(tier * 1000),
                 "x-dead-letter-exchange": topology.work_exchange,
                 **safe_dead_lettering,
             },
+            topology.quorum_group_size,
         )
         await tier_queue.bind(
             delay, arguments={"x-match": "all", TIER_HEADER: topology.delay_queue(tier)}
