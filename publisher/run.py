@@ -28,7 +28,7 @@ import asyncpg
 from aio_pika.abc import AbstractConnection
 from opentelemetry import trace
 
-from service import admission, amqp, db, errors, ledger, logs, runs, schedule, telemetry
+from service import admission, amqp, brokers, db, errors, ledger, logs, runs, schedule, telemetry
 from service.admission import NewDelivery
 from service.clock import Clock
 from service.ledger import State
@@ -342,8 +342,7 @@ async def _waiting_messages(
             names += [topology.timer_queue]
             names += [topology.delay_queue(t) for t in topology.delay_tiers_seconds]
             for name in names:
-                queue = await channel.declare_queue(name, passive=True)
-                total += queue.declaration_result.message_count or 0
+                total += await brokers.ready_count(channel, name)
             return total
         finally:
             await channel.close()

@@ -120,10 +120,8 @@ async def connect(settings: Settings, *, name: str) -> AbstractConnection:
     """Open a connection named after its process; raise UnavailableError naming the broker
     (host:port and vhost, never the URL) and the cause if it cannot be opened.
 
-    A URL naming several nodes is tried node by node (``brokers.connect_first``), each
-    within ``amqp_timeout_seconds``. The heartbeat makes a broker that stops answering
-    (hung, or cut off without a reset) a closed connection within about twice
-    ``amqp_heartbeat_seconds``.
+    Several nodes are tried in turn (``brokers.connect_first``). The heartbeat makes a
+    broker that stops answering a closed connection within ~2 x ``amqp_heartbeat_seconds``.
     """
     servers.quiet_transport_errors()
 
@@ -181,13 +179,14 @@ async def declare(channel: AbstractChannel, topology: Topology) -> None:
     timer_exchange = await channel.declare_exchange(
         topology.timer_exchange, aio_pika.ExchangeType.DIRECT, durable=True
     )
-    timer = await channel.declare_queue(
+    timer = await brokers.declare_classic(
+        channel,
         topology.timer_queue,
-        durable=True,
-        arguments={"x-queue-type": "classic", "x-dead-letter-exchange": topology.work_exchange},
+        {"x-queue-type": "classic", "x-dead-letter-exchange": topology.work_exchange},
     )
     for lane in (BULK, URGENT):
-        await timer.bind(timer_exchange, routing_key=lane)
+        if timer is not None:  # None: its node is down (bound when it was declared)
+            await timer.bind(timer_exchange, routing_key=lane)
     for tier in topology.delay_tiers_seconds:
         tier_queue = await brokers.declare_quorum(
             channel,

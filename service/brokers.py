@@ -4,7 +4,8 @@
 connection tries them in turn from a random one, so replicas spread over the cluster and
 a lost node costs one more connection attempt, not a failed start. Quorum queues are
 declared with ``x-quorum-initial-group-size`` (``RELAY_AMQP_QUORUM_GROUP_SIZE``) when it
-is set; a queue that already exists with another group size is used as it is.
+is set; a queue that already exists with another group size is used as it is. The timer
+queue (classic, not replicated) is skipped while the node it lives on is down.
 """
 
 from __future__ import annotations
@@ -78,3 +79,39 @@ async def declare_quorum(
         extra={"event": "queue_group_size_kept", "queue": name},
     )
     return await channel.declare_queue(name, passive=True)
+
+
+async def declare_classic(
+    channel: AbstractChannel, name: str, arguments: Mapping[str, Any]
+) -> AbstractQueue | None:
+    """Declare one durable classic queue; None if it lives on a cluster node that is down.
+
+    A classic queue is not replicated: while its node is down RabbitMQ refuses to declare
+    it (NOT_FOUND, "home node ... is down") and a publish routed only to it comes back
+    unroutable (a PublishError for a mandatory publish, so nothing is marked published).
+    Declaring everything else must go on, so that losing that node stops nothing else.
+    """
+    try:
+        return await channel.declare_queue(name, durable=True, arguments=dict(arguments))
+    except aiormq.exceptions.ChannelNotFoundEntity as exc:
+        if "home node" not in str(exc):
+            raise
+    await channel.reopen()  # the refusal closed the channel
+    log.warning(
+        "queue unavailable: its cluster node is down",
+        extra={"event": "queue_node_down", "queue": name},
+    )
+    return None
+
+
+async def ready_count(channel: AbstractChannel, name: str) -> int:
+    """Messages ready in a queue now; 0 for a classic queue whose node is down (its
+    messages cannot be had until it returns, so rescue and the gauges count none)."""
+    try:
+        queue = await channel.declare_queue(name, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity as exc:
+        if "home node" not in str(exc):
+            raise
+        await channel.reopen()  # the refusal closed the channel
+        return 0
+    return queue.declaration_result.message_count or 0
