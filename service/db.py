@@ -142,6 +142,7 @@ async def create_pool(
             command_timeout=deadline,
             server_settings={"statement_timeout": str(round(deadline * 1000))},
             target_session_attrs=_session_attrs(settings.database_url.get_secret_value()),
+            statement_cache_size=settings.database_statement_cache_size,
         )
     except _CANNOT_OPEN as exc:
         raise errors.UnavailableError(servers.database_unreachable(exc, settings)) from exc

@@ -52,6 +52,13 @@ class Settings(channel_settings.ChannelSettings):
     database_pool_size: int = Field(
         default=10, ge=1, le=200, description="Connections in each process's pool."
     )
+    database_statement_cache_size: int = Field(
+        default=100,
+        ge=0,
+        le=10_000,
+        description="Prepared statements asyncpg keeps per connection. 0 behind PgBouncer "
+        "in transaction pooling unless it is 1.21 or newer with max_prepared_statements set.",
+    )
     database_command_timeout_seconds: float = Field(
         default=10.0,
         gt=0,
