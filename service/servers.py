@@ -134,6 +134,11 @@ def _database_cause(exc: BaseException, settings: Settings) -> str:
         return f"login refused for user '{user}': wrong password"
     if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
         return f"login refused for user '{user}': {exc}"
+    if isinstance(exc, asyncpg.PostgresError) and "unsupported startup parameter" in str(exc):
+        return (  # PgBouncer: docs/deploy.md, PgBouncer
+            f"the server refused the connection: {exc} (PgBouncer: list it in "
+            "ignore_startup_parameters)"
+        )
     if isinstance(exc, asyncpg.PostgresError):
         return f"the server refused the connection: {exc}"
     return connect_cause(

@@ -5,6 +5,7 @@ argument is sent only when set; a failover DSN must not ask for a standby."""
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
 from service import brokers, errors, servers, settings
@@ -84,3 +85,21 @@ def test_a_dsn_asking_for_a_standby_names_the_setting(
         settings.load()
     assert str(raised.value).startswith("RELAY_DATABASE_URL: target_session_attrs must be")
     assert "s3cret" not in str(raised.value)
+
+
+def test_no_writable_host_and_a_pgbouncer_refusal_are_explained() -> None:
+    config = settings.Settings(
+        database_url="postgresql://relay:s3cret@pg1:5432,pg2:5432/ledger",  # type: ignore[arg-type]
+    )
+    standby_only = servers.database_unreachable(
+        asyncpg.TargetServerAttributeNotMatched("none of the hosts match"), config
+    )
+    assert standby_only.startswith("PostgreSQL at pg1:5432,pg2:5432, database 'ledger'")
+    assert "no host accepts writes" in standby_only and "s3cret" not in standby_only
+    refused = servers.database_unreachable(
+        asyncpg.exceptions.ProtocolViolationError(
+            "unsupported startup parameter: statement_timeout"
+        ),
+        config,
+    )
+    assert "ignore_startup_parameters" in refused
