@@ -33,7 +33,7 @@ from consumer import build, health, sampler, worker
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
-from service import amqp, db, errors, logs
+from service import amqp, brokers, db, errors, logs
 from service.settings import Settings
 from service.telemetry import Metrics
 
@@ -46,10 +46,12 @@ _AFTER_GRACE_SECONDS = 3.0
 # Pauses before each attempt to connect again after the broker was lost (s).
 _RECONNECT_PAUSES = (0.5, 1.0, 2.0, 4.0)
 _DATABASE_GONE = "database unreachable"
+_OPEN_FAILED: tuple[type[BaseException], ...] = (errors.UnavailableError, *brokers.NODE_ERRORS)
 
 
 class Failure:
-    """Why the process must stop and exit 3 (first cause wins); sets ``stop``."""
+    """Why a session must end (first cause wins); sets ``stop``. A broker failure is
+    followed by a new session, a database one by exit 3."""
 
     def __init__(self, stop: asyncio.Event) -> None:
         self._stop = stop
@@ -176,9 +178,11 @@ async def _reconnect(
             return Failure(stop)  # asked to stop meanwhile: a clean exit
         try:
             return await _session(parts, stop, closing)
-        except errors.UnavailableError:
+        except _OPEN_FAILED as exc:  # no node, or one still electing its queue leaders
             if attempt == len(_RECONNECT_PAUSES):
-                raise
+                if isinstance(exc, errors.UnavailableError):
+                    raise
+                raise errors.UnavailableError(f"broker unusable: {type(exc).__name__}") from exc
     raise AssertionError("unreachable")
 
 
