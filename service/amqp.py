@@ -274,17 +274,21 @@ class ConfirmedPublisher:
         self, delivery_id: int, *, urgent: bool, due_in_seconds: float, headers: Mapping[str, Any]
     ) -> None:
         """Publish one delivery so that it reaches its lane when it falls due: at once if
-        it is due, else through the timer queue. Callers publish in due order."""
+        it is due, else through the timer queue. Callers publish in due order. If the timer
+        returns it unroutable (its node is down: a classic queue is not replicated), it
+        hops through the delay tiers instead, and the consumer holds it until due."""
         if due_in_seconds <= _DUE_NOW_SECONDS:
             await self.publish_delivery(delivery_id, urgent=urgent, headers=headers)
             return
-        await self._publish(
-            self._topology.timer_exchange,
-            lane_of(urgent),
-            messages.encode(delivery_id),
-            headers,
-            expiration_seconds=due_in_seconds,
-        )
+        body, lane = messages.encode(delivery_id), lane_of(urgent)
+        try:
+            await self._publish(self._topology.timer_exchange, lane, body, headers, due_in_seconds)
+        except errors.PublishError as exc:
+            if not isinstance(exc.__cause__, aiormq.exceptions.PublishError):
+                raise
+            await self.publish_delayed(
+                body, lane=lane, remaining_seconds=due_in_seconds, headers=headers
+            )
 
     async def publish_many(
         self,
@@ -375,8 +379,7 @@ async def open_publisher(
 
 
 async def close_connection(connection: AbstractConnection, timeout_seconds: float) -> None:
-    """Close within the deadline; a broker that does not answer the close is left to the
-    OS (the socket goes when the process does)."""
+    """Close within the deadline; a broker that does not answer it is left to the OS."""
     try:
         async with asyncio.timeout(timeout_seconds):
             await connection.close()
@@ -388,11 +391,6 @@ async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:
     """Remove every queue and exchange of a namespace (demo reset, test teardown)."""
     for queue in topology.all_queues():
         await channel.queue_delete(queue)
-    exchanges = (
-        topology.work_exchange,
-        topology.delay_exchange,
-        topology.dead_exchange,
-        topology.timer_exchange,
-    )
-    for exchange in exchanges:
+    for exchange in (topology.work_exchange, topology.delay_exchange, topology.dead_exchange):
         await channel.exchange_delete(exchange)
+    await channel.exchange_delete(topology.timer_exchange)

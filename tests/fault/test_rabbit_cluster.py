@@ -14,6 +14,8 @@ again (it rejoins the cluster) before the next test.
 - A publish run whose node is SIGKILLed under it: every row the ledger marks ``queued``
   has its message in the work queue (nothing marked queued without a confirm), and the
   next run, through another node, publishes the rest.
+- The node of the timer queue (classic, not replicated) down: deliveries admitted ahead of
+  their due time go through the delay tiers instead, and are delivered, none early.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ class Cluster:
             for line in out.splitlines()
             if connection_name in line and f"<{n.node_name}." in line
         ]
+
+    def home(self, queue: str) -> RabbitNode:
+        """The node a classic queue lives on (from its process id)."""
+        out = self.running()[0].ctl("list_queues", "name", "pid", "--no-table-headers")
+        pids = dict(line.split("\t")[:2] for line in out.splitlines() if "\t" in line)
+        return next(n for n in self.nodes if pids[queue].startswith(f"<{n.node_name}."))
 
     def members(self) -> int:
         """Running nodes of the cluster, as a running node sees them."""
@@ -234,6 +242,54 @@ async def test_a_publish_run_losing_its_node_marks_queued_only_what_was_confirme
         in_queue = set(await _message_ids(alive.url, lane))
         assert queued <= in_queue, f"{len(queued - in_queue)} rows queued without a message"
     finally:
+        await pool.close()
+        with contextlib.suppress(Exception):
+            await _delete_namespace(cluster, settings)
+
+
+async def test_admitted_ahead_while_the_timer_node_is_down_they_hop_through_the_delay_tiers(
+    cluster: Cluster, pg: PostgresNode, partner: RunningPartner, tmp_path: Path
+) -> None:
+    """The timer queue is classic (one node, not replicated): with its node down, a
+    delivery admitted before its due time comes back unroutable from the timer and is
+    published through the (replicated) delay tiers instead: queued at once, delivered, and
+    not before it was due."""
+    assert partner.state.verify_secret is not None
+    settings = drain_settings(
+        database_url=pg.url,
+        amqp_url=cluster.url,
+        secret=partner.state.verify_secret,
+        state_dir=tmp_path,
+        amqp_quorum_group_size=SIZE,
+    )
+    assert (await rs.relay(settings, "migrate")).code == 0
+    assert (await rs.relay(settings, "publish")).code == 0  # declares the topology
+    timer = await asyncio.to_thread(cluster.home, f"{settings.amqp_namespace}.timer")
+    await asyncio.to_thread(timer.kill)
+    rows = 200
+    pool = await db.create_pool(settings, size=2)
+    consumer = None
+    try:
+        due = datetime.now(UTC) + timedelta(seconds=8)
+        await rs.load(pool, [rs.line(f"r{i}", partner.url(), due_at=due) for i in range(rows)])
+        published = await rs.relay(settings, "publish", timeout=120)
+        assert published.code == 0, published.stdout + published.stderr[-2000:]
+        assert len(await _queued_ids(pool)) == rows  # every one confirmed, none left pending
+        consumer = await rs.start_consumer(settings, tmp_path / "consumer.log")
+
+        async def all_delivered() -> bool:
+            return (await rs.states(pool)).get("delivered", 0) == rows
+
+        await rs.wait_for(all_delivered, 90, f"all {rows} delivered")
+        early = await pool.fetchval(
+            "SELECT count(*) FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id"
+            " WHERE a.started_at < d.occurrence_at"
+        )
+        assert early == 0, f"{early} sends started before their due time"
+        assert partner.state.logical_events == rows
+    finally:
+        if consumer is not None:
+            assert await rs.stop(consumer) == 0
         await pool.close()
         with contextlib.suppress(Exception):
             await _delete_namespace(cluster, settings)
