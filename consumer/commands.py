@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from consumer import build
+from consumer import build, health
 from consumer import run as consume_run
 from service import conventions, telemetry
 from service.settings import Settings
@@ -15,7 +15,7 @@ async def consume(args: argparse.Namespace, settings: Settings) -> int:
     build.validate(settings)
     if args.check:
         return await consume_run.check(settings)
-    consume_run.check_health_port(settings)
+    health.check_health_port(settings)
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import REGISTRY
 

@@ -11,9 +11,14 @@ scraper's ``Accept`` header asks for (``prometheus_client``'s content negotiatio
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+
+from service import errors
+from service.settings import Settings
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, dict[str, bool]]]]
 LiveCheck = Callable[[], tuple[bool, dict[str, float]]]
@@ -58,3 +63,43 @@ async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+def check_health_port(settings: Settings) -> None:
+    """Raise ConfigError naming RELAY_HEALTH_PORT (or RELAY_HEALTH_HOST) unless the health
+    endpoint's address can be bound now: called before any server is opened, so a second
+    ``relay consume`` on one host fails at once, in one line."""
+    if not settings.health_port:
+        return
+    try:
+        infos = socket.getaddrinfo(
+            settings.health_host,
+            settings.health_port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as probe:
+                # As the server binds (SO_REUSEADDR): only a listening socket conflicts.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except OSError as exc:
+        raise port_error(settings, exc) from None
+
+
+def port_error(settings: Settings, exc: OSError) -> errors.ConfigError:
+    where = f"{settings.health_host}:{settings.health_port}"
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return errors.ConfigError(
+            f"RELAY_HEALTH_HOST: cannot listen on {where}: not an address of this host"
+        )
+    if exc.errno == errno.EADDRINUSE:
+        reason = "already in use (another relay consume on this host?)"
+    elif exc.errno == errno.EACCES:
+        reason = "not permitted (ports below 1024 need privileges)"
+    else:
+        reason = (exc.strerror or type(exc).__name__).lower()
+    return errors.ConfigError(
+        f"RELAY_HEALTH_PORT: cannot listen on {where}: {reason}; choose another port, "
+        "or 0 to turn the health endpoint off"
+    )

@@ -7,25 +7,25 @@ what was opened, in reverse order, within a deadline.
 
 One shutdown protocol for every cause: SIGTERM/SIGINT (exit 0); the broker connection, the
 consume channel or the publisher channel closed, the consumer cancelled by the broker, a
-publish not confirmed, or the database unreachable past its bound (exit 3, and the
-orchestrator restarts the pod). Stop intake -> give back claims that cannot finish ->
-await requests already sent -> close. It always ends within the shutdown grace period
-plus a few seconds, whatever the servers do.
+publish not confirmed (the session ends and a new one connects to the broker's nodes in
+turn, in the same process; exit 3 if none can be used), or the database unreachable past
+its bound (exit 3, and the orchestrator restarts the pod). Stop intake -> give back claims
+that cannot finish -> await requests already sent -> close. It always ends within the
+shutdown grace period plus a few seconds, whatever the servers do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
 from opentelemetry import trace
 
@@ -33,7 +33,7 @@ from consumer import build, health, sampler, worker
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
-from service import amqp, db, errors, logs
+from service import amqp, brokers, db, errors, logs
 from service.settings import Settings
 from service.telemetry import Metrics
 
@@ -43,10 +43,15 @@ log = logs.get("consumer")
 # the grace period plus _AFTER_GRACE_SECONDS.
 _CLOSE_STEP_SECONDS = 2.0
 _AFTER_GRACE_SECONDS = 3.0
+# Pauses before each attempt to connect again after the broker was lost (s).
+_RECONNECT_PAUSES = (0.5, 1.0, 2.0, 4.0)
+_DATABASE_GONE = "database unreachable"
+_OPEN_FAILED: tuple[type[BaseException], ...] = (errors.UnavailableError, *brokers.NODE_ERRORS)
 
 
 class Failure:
-    """Why the process must stop and exit 3 (first cause wins); sets ``stop``."""
+    """Why a session must end (first cause wins); sets ``stop``. A broker failure is
+    followed by a new session, a database one by exit 3."""
 
     def __init__(self, stop: asyncio.Event) -> None:
         self._stop = stop
@@ -62,6 +67,11 @@ class Failure:
                 "stopping: server failure", extra={"event": "server_failure", "reason": reason}
             )
         self._stop.set()
+
+    @property
+    def reconnect(self) -> bool:
+        """The broker failed, not the database: a new connection may cure it."""
+        return self.reason is not None and self.reason != _DATABASE_GONE
 
     @property
     def exit_code(self) -> int:
@@ -105,6 +115,18 @@ async def _cancel_task(task: asyncio.Task[Any]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """What every broker session of one process shares."""
+
+    settings: Settings
+    pool: asyncpg.Pool
+    adapters: Mapping[str, Channel]
+    metrics: Metrics
+    render_metrics: health.MetricsRender | None
+    tracer: trace.Tracer | None
+
+
 async def run(
     settings: Settings,
     *,
@@ -114,40 +136,85 @@ async def run(
     stop: asyncio.Event | None = None,
     tracer: trace.Tracer | None = None,
 ) -> int:
-    """Consume until SIGTERM/SIGINT (or until ``stop`` is set); return the exit code."""
+    """Consume until SIGTERM/SIGINT (or until ``stop`` is set); return the exit code.
+
+    Losing the broker (a cluster node gone, a channel closed) ends one session: its
+    messages go back as on any failure, and a new session connects to the nodes in turn
+    in the same process, keeping the pool and the adapters. The process ends with exit 3
+    only when no node can be used, or the database is unreachable past its bound.
+    """
     async with contextlib.AsyncExitStack() as stack:
         if stop is None:
             stop = asyncio.Event()
             stack.enter_context(_signals(stop))
-        failure = Failure(stop)
         closing = Closing()
         adapters = dict(channels) if channels is not None else build.channels(settings)
         for adapter in adapters.values():
             stack.push_async_callback(closing.within, adapter.close)
         pool = await db.create_pool(settings)
         stack.push_async_callback(closing.within, lambda: db.close_pool(pool, closing.seconds()))
+        parts = _Parts(settings, pool, adapters, metrics, render_metrics, tracer)
+        failure = await _session(parts, stop, closing)
+        while failure.reconnect and not stop.is_set():
+            closing.deadline = None
+            failure = await _reconnect(parts, stop, closing, failure)
+        return failure.exit_code
+    raise AssertionError("unreachable")  # the exit stack never swallows an exception
+
+
+async def _reconnect(
+    parts: _Parts, stop: asyncio.Event, closing: Closing, lost: Failure
+) -> Failure:
+    """A new session after the broker was lost; a few rounds over the nodes (a cluster
+    elects new queue leaders within seconds) before giving up with the last error."""
+    log.warning(
+        "broker lost; reconnecting",
+        extra={"event": "broker_reconnect", "reason": lost.reason},
+    )
+    for attempt, pause in enumerate(_RECONNECT_PAUSES, 1):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), pause)
+        if stop.is_set():
+            return Failure(stop)  # asked to stop meanwhile: a clean exit
+        try:
+            return await _session(parts, stop, closing)
+        except _OPEN_FAILED as exc:  # no node, or one still electing its queue leaders
+            if attempt == len(_RECONNECT_PAUSES):
+                if isinstance(exc, errors.UnavailableError):
+                    raise
+                raise errors.UnavailableError(f"broker unusable: {type(exc).__name__}") from exc
+    raise AssertionError("unreachable")
+
+
+async def _session(parts: _Parts, stop: asyncio.Event, closing: Closing) -> Failure:
+    """One broker connection's life: open, consume until stopped or failed, shut down."""
+    settings, metrics = parts.settings, parts.metrics
+    halt = asyncio.Event()  # this session ends: stop asked, or a failure
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(_cancel_task, asyncio.create_task(_follow(stop, halt)))
+        failure = Failure(halt)
         connection, publisher = await _open_broker(stack, settings, failure, closing)
         watch = DatabaseWatch(
-            pool,
+            parts.pool,
             outage_max_seconds=settings.database_outage_max_seconds,
             probe_timeout_seconds=settings.database_command_timeout_seconds,
-            on_give_up=lambda: failure.fail("database unreachable"),
+            on_give_up=lambda: failure.fail(_DATABASE_GONE),
         )
         stack.push_async_callback(watch.stop)
         consume_channel, queues, acks = await _open_consume_channel(connection, settings, failure)
         work = await build.worker_for(
-            settings, pool, watch, publisher, adapters, metrics, tracer, acks,
+            settings, parts.pool, watch, publisher, parts.adapters, metrics, parts.tracer, acks,
             on_broker_failure=lambda: failure.fail("publish not confirmed"),
         )  # fmt: skip
         consuming = asyncio.Event()
         probes = _Probes(settings, connection, consume_channel, publisher, watch, work, consuming)
-        await _serve_health(stack, settings, probes, render_metrics, closing)
+        await _serve_health(stack, settings, probes, parts.render_metrics, closing)
         async with asyncio.timeout(settings.amqp_timeout_seconds):
             tags = [(queue, await queue.consume(work.on_message)) for queue in queues]
         consuming.set()
         metrics.snapshot.ready = True
         sampling = sampler.run_sampler(
-            pool,
+            parts.pool,
             connection,
             amqp.Topology.from_settings(settings),
             metrics.snapshot,
@@ -156,12 +223,17 @@ async def run(
         stack.push_async_callback(_cancel_task, asyncio.create_task(sampling))
         log.info("consuming", extra={"event": "consume_started", "prefetch": settings.prefetch})
 
-        await stop.wait()
+        await halt.wait()
         consuming.clear()
         metrics.snapshot.ready = False
         await _shutdown(settings, work, watch, consume_channel, tags, failure, closing)
-        return failure.exit_code
+        return failure
     raise AssertionError("unreachable")  # the exit stack never swallows an exception
+
+
+async def _follow(stop: asyncio.Event, halt: asyncio.Event) -> None:
+    await stop.wait()
+    halt.set()
 
 
 async def _serve_health(
@@ -179,48 +251,8 @@ async def _serve_health(
                 settings.health_port,
             )
         except OSError as exc:  # taken since check_health_port looked: the same one line
-            raise _health_port_error(settings, exc) from None
+            raise health.port_error(settings, exc) from None
         stack.push_async_callback(closing.within, runner.cleanup)
-
-
-def check_health_port(settings: Settings) -> None:
-    """Raise ConfigError naming RELAY_HEALTH_PORT (or RELAY_HEALTH_HOST) unless the health
-    endpoint's address can be bound now: called before any server is opened, so a second
-    ``relay consume`` on one host fails at once, in one line."""
-    if not settings.health_port:
-        return
-    try:
-        infos = socket.getaddrinfo(
-            settings.health_host,
-            settings.health_port,
-            type=socket.SOCK_STREAM,
-            flags=socket.AI_PASSIVE,
-        )
-        for family, kind, proto, _, address in infos:
-            with socket.socket(family, kind, proto) as probe:
-                # As the server binds (SO_REUSEADDR): only a listening socket conflicts.
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind(address)
-    except OSError as exc:
-        raise _health_port_error(settings, exc) from None
-
-
-def _health_port_error(settings: Settings, exc: OSError) -> errors.ConfigError:
-    where = f"{settings.health_host}:{settings.health_port}"
-    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
-        return errors.ConfigError(
-            f"RELAY_HEALTH_HOST: cannot listen on {where}: not an address of this host"
-        )
-    if exc.errno == errno.EADDRINUSE:
-        reason = "already in use (another relay consume on this host?)"
-    elif exc.errno == errno.EACCES:
-        reason = "not permitted (ports below 1024 need privileges)"
-    else:
-        reason = (exc.strerror or type(exc).__name__).lower()
-    return errors.ConfigError(
-        f"RELAY_HEALTH_PORT: cannot listen on {where}: {reason}; choose another port, "
-        "or 0 to turn the health endpoint off"
-    )
 
 
 @dataclass(frozen=True)
@@ -264,8 +296,8 @@ async def _open_broker(
     stack.push_async_callback(
         closing.within, lambda: amqp.close_connection(connection, closing.seconds())
     )
-    # Crash-only on broker trouble: exit 3 and let the orchestrator restart us on a
-    # fresh connection; unacked messages go back to the other replicas meanwhile.
+    # On broker trouble the session ends (unacked messages go back to the other replicas)
+    # and run() opens a new one on a fresh connection, to whichever node answers.
     connection.close_callbacks.add(lambda *_: failure.fail("broker connection lost"))
     publisher.channel.close_callbacks.add(lambda *_: failure.fail("publisher channel closed"))
     stack.callback(setattr, failure, "closing", True)  # runs before the close above

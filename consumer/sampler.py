@@ -14,7 +14,7 @@ import aiormq
 import asyncpg
 from aio_pika.abc import AbstractConnection
 
-from service import amqp, db, ledger, logs, runs
+from service import amqp, brokers, db, ledger, logs, runs
 from service.telemetry import Snapshot
 
 log = logs.get("consumer")
@@ -45,8 +45,7 @@ async def sample_once(
     try:
         depths = {}
         for name in topology.all_queues():
-            queue = await channel.declare_queue(name, passive=True)
-            depths[name] = queue.declaration_result.message_count or 0
+            depths[name] = await brokers.ready_count(channel, name)
         snapshot.queue_depth = depths
     finally:
         await channel.close()

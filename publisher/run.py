@@ -29,7 +29,7 @@ from aio_pika.abc import AbstractConnection
 from opentelemetry import trace
 
 from publisher.plan import plan_batch
-from service import admission, amqp, db, errors, ledger, logs, runs, telemetry
+from service import admission, amqp, brokers, db, errors, ledger, logs, runs, telemetry
 from service.clock import Clock
 from service.ledger import State
 from service.progress import Progress
@@ -305,8 +305,7 @@ async def _waiting_messages(
             names += [topology.timer_queue]
             names += [topology.delay_queue(t) for t in topology.delay_tiers_seconds]
             for name in names:
-                queue = await channel.declare_queue(name, passive=True)
-                total += queue.declaration_result.message_count or 0
+                total += await brokers.ready_count(channel, name)
             return total
         finally:
             await channel.close()

@@ -31,7 +31,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from service import errors, messages, servers
+from service import brokers, errors, messages, servers
 from service.settings import Settings
 
 # A delivery due sooner than this goes straight to its lane.
@@ -52,6 +52,7 @@ class Topology:
     namespace: str
     delay_tiers_seconds: tuple[float, ...]
     delivery_limit: int
+    quorum_group_size: int = 0  # 0: x-quorum-initial-group-size not sent
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Topology:
@@ -59,6 +60,7 @@ class Topology:
             namespace=settings.amqp_namespace,
             delay_tiers_seconds=tuple(settings.delay_tiers_seconds),
             delivery_limit=settings.amqp_delivery_limit,
+            quorum_group_size=settings.amqp_quorum_group_size,
         )
 
     @property
@@ -118,19 +120,23 @@ async def connect(settings: Settings, *, name: str) -> AbstractConnection:
     """Open a connection named after its process; raise UnavailableError naming the broker
     (host:port and vhost, never the URL) and the cause if it cannot be opened.
 
-    The heartbeat makes a broker that stops answering (hung, or cut off without a reset)
-    a closed connection within about twice ``amqp_heartbeat_seconds``.
+    Several nodes are tried in turn (``brokers.connect_first``). The heartbeat makes a
+    broker that stops answering a closed connection within ~2 x ``amqp_heartbeat_seconds``.
     """
-    url = settings.amqp_url.get_secret_value()
     servers.quiet_transport_errors()
-    try:
+
+    async def open_one(url: str) -> AbstractConnection:
         return await aio_pika.connect(
             url,
             client_properties={"connection_name": name},
             timeout=settings.amqp_timeout_seconds,
             heartbeat=settings.amqp_heartbeat_seconds,
         )
-    except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
+
+    urls = servers.one_url_per_host(settings.amqp_url.get_secret_value())
+    try:
+        return await brokers.connect_first(urls, open_one)
+    except brokers.NODE_ERRORS as exc:
         raise errors.UnavailableError(servers.broker_unreachable(exc, settings)) from exc
     except ValueError as exc:  # the client refused a URL the settings let through
         raise errors.ConfigError(
@@ -155,41 +161,42 @@ async def declare(channel: AbstractChannel, topology: Topology) -> None:
         "x-overflow": "reject-publish",
     }
     for lane in (BULK, URGENT):
-        queue = await channel.declare_queue(
+        queue = await brokers.declare_quorum(
+            channel,
             topology.lane_queue(lane),
-            durable=True,
-            arguments={
-                "x-queue-type": "quorum",
+            {
                 "x-delivery-limit": topology.delivery_limit,
                 "x-dead-letter-exchange": topology.dead_exchange,
                 **safe_dead_lettering,
             },
+            topology.quorum_group_size,
         )
         await queue.bind(work, routing_key=lane)
-    dead = await channel.declare_queue(
-        topology.dead_queue, durable=True, arguments={"x-queue-type": "quorum"}
+    dead = await brokers.declare_quorum(
+        channel, topology.dead_queue, {}, topology.quorum_group_size
     )
     await dead.bind(dlx)
     timer_exchange = await channel.declare_exchange(
         topology.timer_exchange, aio_pika.ExchangeType.DIRECT, durable=True
     )
-    timer = await channel.declare_queue(
+    timer = await brokers.declare_classic(
+        channel,
         topology.timer_queue,
-        durable=True,
-        arguments={"x-queue-type": "classic", "x-dead-letter-exchange": topology.work_exchange},
+        {"x-queue-type": "classic", "x-dead-letter-exchange": topology.work_exchange},
     )
     for lane in (BULK, URGENT):
-        await timer.bind(timer_exchange, routing_key=lane)
+        if timer is not None:  # None: its node is down (bound when it was declared)
+            await timer.bind(timer_exchange, routing_key=lane)
     for tier in topology.delay_tiers_seconds:
-        tier_queue = await channel.declare_queue(
+        tier_queue = await brokers.declare_quorum(
+            channel,
             topology.delay_queue(tier),
-            durable=True,
-            arguments={
-                "x-queue-type": "quorum",
+            {
                 "x-message-ttl": round(tier * 1000),
                 "x-dead-letter-exchange": topology.work_exchange,
                 **safe_dead_lettering,
             },
+            topology.quorum_group_size,
         )
         await tier_queue.bind(
             delay, arguments={"x-match": "all", TIER_HEADER: topology.delay_queue(tier)}
@@ -267,17 +274,21 @@ class ConfirmedPublisher:
         self, delivery_id: int, *, urgent: bool, due_in_seconds: float, headers: Mapping[str, Any]
     ) -> None:
         """Publish one delivery so that it reaches its lane when it falls due: at once if
-        it is due, else through the timer queue. Callers publish in due order."""
+        it is due, else through the timer queue. Callers publish in due order. If the timer
+        returns it unroutable (its node is down: a classic queue is not replicated), it
+        hops through the delay tiers instead, and the consumer holds it until due."""
         if due_in_seconds <= _DUE_NOW_SECONDS:
             await self.publish_delivery(delivery_id, urgent=urgent, headers=headers)
             return
-        await self._publish(
-            self._topology.timer_exchange,
-            lane_of(urgent),
-            messages.encode(delivery_id),
-            headers,
-            expiration_seconds=due_in_seconds,
-        )
+        body, lane = messages.encode(delivery_id), lane_of(urgent)
+        try:
+            await self._publish(self._topology.timer_exchange, lane, body, headers, due_in_seconds)
+        except errors.PublishError as exc:
+            if not isinstance(exc.__cause__, aiormq.exceptions.PublishError):
+                raise
+            await self.publish_delayed(
+                body, lane=lane, remaining_seconds=due_in_seconds, headers=headers
+            )
 
     async def publish_many(
         self,
@@ -368,8 +379,7 @@ async def open_publisher(
 
 
 async def close_connection(connection: AbstractConnection, timeout_seconds: float) -> None:
-    """Close within the deadline; a broker that does not answer the close is left to the
-    OS (the socket goes when the process does)."""
+    """Close within the deadline; a broker that does not answer it is left to the OS."""
     try:
         async with asyncio.timeout(timeout_seconds):
             await connection.close()
@@ -381,11 +391,6 @@ async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:
     """Remove every queue and exchange of a namespace (demo reset, test teardown)."""
     for queue in topology.all_queues():
         await channel.queue_delete(queue)
-    exchanges = (
-        topology.work_exchange,
-        topology.delay_exchange,
-        topology.dead_exchange,
-        topology.timer_exchange,
-    )
-    for exchange in exchanges:
+    for exchange in (topology.work_exchange, topology.delay_exchange, topology.dead_exchange):
         await channel.exchange_delete(exchange)
+    await channel.exchange_delete(topology.timer_exchange)

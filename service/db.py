@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import re
 import ssl as ssl_module
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
@@ -87,6 +89,12 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,  # shutdown, cannot connect now, timeout
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # connected to a standby
+    asyncpg.TargetServerAttributeNotMatched,  # every host a standby: failover under way
+)
+_CANNOT_OPEN: tuple[type[BaseException], ...] = (
+    *_UNAVAILABLE,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
 )
 # Two transactions that locked the same rows in another order: run it again.
 CONFLICT: tuple[type[BaseException], ...] = (asyncpg.exceptions.TransactionRollbackError,)
@@ -98,6 +106,15 @@ def is_unavailable(exc: BaseException) -> bool:
         # The connection went away under the call; other interface errors are bugs.
         return "closed" in str(exc) or "lost" in str(exc)
     return isinstance(exc, _UNAVAILABLE)
+
+
+def _session_attrs(dsn: str) -> Any:
+    """``read-write`` unless the DSN (``target_session_attrs``) or PGTARGETSESSIONATTRS
+    says otherwise: the relay writes, so with several hosts a connection must reach the
+    primary (after a failover, the promoted standby), never a standby."""
+    if "target_session_attrs" in parse_qs(urlsplit(dsn).query):
+        return None
+    return None if os.environ.get("PGTARGETSESSIONATTRS") else "read-write"
 
 
 async def create_pool(
@@ -124,8 +141,10 @@ async def create_pool(
             timeout=deadline,
             command_timeout=deadline,
             server_settings={"statement_timeout": str(round(deadline * 1000))},
+            target_session_attrs=_session_attrs(settings.database_url.get_secret_value()),
+            statement_cache_size=settings.database_statement_cache_size,
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+    except _CANNOT_OPEN as exc:
         raise errors.UnavailableError(servers.database_unreachable(exc, settings)) from exc
     except ValueError as exc:  # the driver refused a DSN the settings let through
         raise errors.ConfigError(

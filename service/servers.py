@@ -15,7 +15,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiormq
 import asyncpg
@@ -76,6 +76,18 @@ def parse_server_url(
     return ServerAddress(tuple(hosts), user, unquote(parts.path.removeprefix("/")))
 
 
+def one_url_per_host(url: str) -> list[str]:
+    """Split a URL naming several hosts (``amqp://u:p@h1:5672,h2:5672/vhost``) into one
+    URL per host, each with the same scheme, credentials, path and query, in the order
+    given. A URL naming one host comes back alone."""
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    return [
+        urlunsplit((parts.scheme, f"{userinfo}{at}{host}", parts.path, parts.query, parts.fragment))
+        for host in hostlist.split(",")
+    ]
+
+
 def connect_cause(exc: BaseException, timeout_seconds: float, timeout_setting: str) -> str:
     """Why a TCP connection failed: refused, unknown host, timeout (naming the setting that
     bounds it), TLS, or the OS's reason."""
@@ -111,12 +123,22 @@ def database_unreachable(exc: BaseException, settings: Settings) -> str:
 
 def _database_cause(exc: BaseException, settings: Settings) -> str:
     user = settings.database_address().user
+    if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+        return (
+            "no host accepts writes (every one answers as a standby or read-only): "
+            "a failover under way, or the primary is missing from the list"
+        )
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
         return "no such database (create it, then run `relay migrate`)"
     if isinstance(exc, asyncpg.InvalidPasswordError):
         return f"login refused for user '{user}': wrong password"
     if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
         return f"login refused for user '{user}': {exc}"
+    if isinstance(exc, asyncpg.PostgresError) and "unsupported startup parameter" in str(exc):
+        return (  # PgBouncer: docs/deploy.md, PgBouncer
+            f"the server refused the connection: {exc} (PgBouncer: list it in "
+            "ignore_startup_parameters)"
+        )
     if isinstance(exc, asyncpg.PostgresError):
         return f"the server refused the connection: {exc}"
     return connect_cause(

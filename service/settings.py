@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict, SettingsError
@@ -35,7 +36,9 @@ class Settings(channel_settings.ChannelSettings):
     # --- connections -------------------------------------------------------------
     database_url: SecretStr = Field(
         default=SecretStr("postgresql://postgres@127.0.0.1:5432/postgres"),
-        description="PostgreSQL DSN (asyncpg). May carry credentials, so it is never logged.",
+        description="PostgreSQL DSN (asyncpg). May carry credentials, so it is never logged. "
+        "Several hosts for failover: postgresql://user@h1:5432,h2:5432/db; a connection "
+        "goes to the one that accepts writes (target_session_attrs=read-write by default).",
     )
     database_ssl: str = Field(
         default="prefer",
@@ -48,6 +51,13 @@ class Settings(channel_settings.ChannelSettings):
     )
     database_pool_size: int = Field(
         default=10, ge=1, le=200, description="Connections in each process's pool."
+    )
+    database_statement_cache_size: int = Field(
+        default=100,
+        ge=0,
+        le=10_000,
+        description="Prepared statements asyncpg keeps per connection. 0 behind PgBouncer "
+        "in transaction pooling unless it is 1.21 or newer with max_prepared_statements set.",
     )
     database_command_timeout_seconds: float = Field(
         default=10.0,
@@ -63,7 +73,9 @@ class Settings(channel_settings.ChannelSettings):
     )
     amqp_url: SecretStr = Field(
         default=SecretStr("amqp://guest:guest@127.0.0.1:5672/"),
-        description="RabbitMQ URL (use amqps:// for TLS). Never logged.",
+        description="RabbitMQ URL (use amqps:// for TLS). Never logged. A cluster's nodes "
+        "as comma-separated hosts in one URL, amqp://user:password@host1:5672,host2:5672/vhost: "
+        "a connection tries them in turn, from a random one.",
     )
     amqp_namespace: str = Field(
         default="relay",
@@ -82,6 +94,14 @@ class Settings(channel_settings.ChannelSettings):
         gt=0,
         description="Deadline of one broker operation: connect, open a channel, declare, "
         "consume, cancel, close (s).",
+    )
+    amqp_quorum_group_size: int = Field(
+        default=0,
+        ge=0,
+        le=9,
+        description="x-quorum-initial-group-size of the quorum queues: how many nodes hold a "
+        "replica of each queue the relay creates (3 on a 3-node cluster). 0: not sent, the "
+        "broker's default. Only a new queue takes it; an existing one keeps its members.",
     )
     amqp_delivery_limit: int = Field(
         default=20,
@@ -321,18 +341,26 @@ class Settings(channel_settings.ChannelSettings):
     @field_validator("database_url")
     @classmethod
     def _database_url_parses(cls, value: SecretStr) -> SecretStr:
-        servers.parse_server_url(
-            value.get_secret_value(), ("postgresql", "postgres"), 5432, several_hosts=True
-        )
+        dsn = value.get_secret_value()
+        servers.parse_server_url(dsn, ("postgresql", "postgres"), 5432, several_hosts=True)
+        attrs = parse_qs(urlsplit(dsn).query).get("target_session_attrs", ["read-write"])
+        if attrs[-1] not in ("read-write", "primary", "any"):
+            raise ValueError(
+                "target_session_attrs must be read-write (the default), primary or any"
+            )
         return value
 
     @field_validator("amqp_url")
     @classmethod
     def _amqp_url_parses(cls, value: SecretStr) -> SecretStr:
-        address = servers.parse_server_url(
-            value.get_secret_value(), ("amqp", "amqps"), 5672, several_hosts=False
-        )
-        if not address.hosts[0][0]:
+        url = value.get_secret_value()
+        if "://" in url.partition("://")[2]:
+            raise ValueError(
+                "give several nodes as hosts of one URL: "
+                "amqp://user:password@host1:5672,host2:5672/vhost"
+            )
+        address = servers.parse_server_url(url, ("amqp", "amqps"), 5672, several_hosts=True)
+        if not all(host for host, _ in address.hosts):
             raise ValueError("the host is missing (expected amqp://user:password@host:5672/)")
         return value
 
@@ -349,7 +377,7 @@ class Settings(channel_settings.ChannelSettings):
     def amqp_address(self) -> servers.ServerAddress:
         """Where RELAY_AMQP_URL points (host:port, user, virtual host): safe to print."""
         address = servers.parse_server_url(
-            self.amqp_url.get_secret_value(), ("amqp", "amqps"), 5672, several_hosts=False
+            self.amqp_url.get_secret_value(), ("amqp", "amqps"), 5672, several_hosts=True
         )
         return servers.ServerAddress(address.hosts, address.user or "guest", address.path or "/")
 

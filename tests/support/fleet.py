@@ -46,7 +46,7 @@ import aiohttp
 import asyncpg
 from pydantic import SecretStr
 
-from service import db, messages
+from service import brokers, db, messages, servers
 from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.support import relay as rs
@@ -184,8 +184,11 @@ class DeadLetter:
 
 async def dead_letters(amqp_url: str, namespace: str) -> list[DeadLetter]:
     """Every message in ``<namespace>.dead-letters``, read without consuming it (the
-    channel closes with the messages unacked, so they stay in the queue)."""
-    connection = await aio_pika.connect(amqp_url, timeout=10)
+    channel closes with the messages unacked, so they stay in the queue). A URL naming
+    several nodes is read through the first that answers."""
+    connection = await brokers.connect_first(
+        servers.one_url_per_host(amqp_url), lambda url: aio_pika.connect(url, timeout=10), first=0
+    )
     async with connection:
         channel = await connection.channel()
         queue = await channel.declare_queue(f"{namespace}.dead-letters", passive=True)

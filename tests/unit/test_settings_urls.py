@@ -37,7 +37,8 @@ def test_bad_database_url_names_the_setting_and_never_quotes_a_secret(
         ("amqp://guest:s3cret@127.0.0.1:x/", "the port is not a number"),
         ("http://guest:s3cret@127.0.0.1/", "the scheme must be amqp:// or amqps://"),
         ("amqp://guest:s3cret@/", "the host is missing"),
-        ("amqp://guest:s3cret@h1:5672,h2:5672/", "give one host:port"),
+        ("amqp://guest:s3cret@h1:5672/,amqp://guest:s3cret@h2:5672/", "give several nodes"),
+        ("amqp://guest:s3cret@h1:5672,/", "the host is missing"),
     ],
 )
 def test_bad_amqp_url_names_the_setting_and_never_quotes_a_secret(

@@ -1,0 +1,304 @@
+"""A three-node RabbitMQ cluster loses a node (issue 19).
+
+Three throwaway nodes (own ports, node names and directories, one shared Erlang cookie)
+joined into one cluster, shared by this module's tests; each test uses its own namespace,
+declares its quorum queues with ``RELAY_AMQP_QUORUM_GROUP_SIZE=3`` and reaches the
+cluster through ``RELAY_AMQP_URL`` naming all three nodes. A node a test killed is started
+again (it rejoins the cluster) before the next test.
+
+- A drain of a few thousand deliveries (two supervised ``relay consume``, a ``relay
+  publish`` every 3 s): the node leading the bulk work queue is SIGKILLed a quarter of the
+  way through. Every row is delivered, the partner sees one logical event per key, no
+  dead letter, and no consumer exits: a consumer connected to the lost node reconnects to
+  another in the same process.
+- A publish run whose node is SIGKILLed under it: every row the ledger marks ``queued``
+  has its message in the work queue (nothing marked queued without a confirm), and the
+  next run, through another node, publishes the rest.
+- The node of the timer queue (classic, not replicated) down: deliveries admitted ahead of
+  their due time go through the delay tiers instead, and are delivered, none early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import pytest
+
+from service import amqp, db, messages
+from service.settings import Settings
+from tests.support import relay as rs
+from tests.support.fleet import Facts, drain_settings, eventually, start_drain
+from tests.support.nodes import PostgresNode, RabbitNode, free_ports
+from tests.support.relay import RunningPartner
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(300)]
+
+SIZE = 3
+ROWS = 3000
+
+
+@dataclass
+class Cluster:
+    nodes: list[RabbitNode]
+
+    @property
+    def url(self) -> str:
+        """One URL naming every node, as RELAY_AMQP_URL takes a cluster."""
+        return "amqp://guest:guest@" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/"
+
+    def running(self) -> list[RabbitNode]:
+        return [n for n in self.nodes if n.running]
+
+    def leader(self, queue: str) -> RabbitNode:
+        """The node leading a quorum queue now (asked of a running node)."""
+        out = self.running()[0].ctl("list_queues", "name", "leader", "--no-table-headers")
+        leaders = dict(line.split("\t")[:2] for line in out.splitlines() if "\t" in line)
+        return next(n for n in self.nodes if n.node_name == leaders[queue])
+
+    def hosting(self, connection_name: str) -> list[RabbitNode]:
+        """The nodes holding a client connection with this name (from its process id)."""
+        out = self.running()[0].ctl("list_connections", "pid", "client_properties")
+        return [
+            n
+            for n in self.nodes
+            for line in out.splitlines()
+            if connection_name in line and f"<{n.node_name}." in line
+        ]
+
+    def home(self, queue: str) -> RabbitNode:
+        """The node a classic queue lives on (from its process id)."""
+        out = self.running()[0].ctl("list_queues", "name", "pid", "--no-table-headers")
+        pids = dict(line.split("\t")[:2] for line in out.splitlines() if "\t" in line)
+        return next(n for n in self.nodes if pids[queue].startswith(f"<{n.node_name}."))
+
+    def members(self) -> int:
+        """Running nodes of the cluster, as a running node sees them."""
+        out = self.running()[0].ctl("eval", "length(rabbit_nodes:all_running()).")
+        return int(out)
+
+
+def _start_cluster(base: Path) -> Cluster:
+    ports = free_ports(2 * SIZE)
+    cookie = secrets.token_hex(20)
+    nodes = [
+        RabbitNode(base / f"rabbit-{p}", p, dist_port=d)
+        for p, d in zip(ports[::2], ports[1::2], strict=True)
+    ]
+    for node in nodes:
+        home = node.dir / "home"
+        home.mkdir(parents=True)
+        (home / ".erlang.cookie").write_text(cookie)
+        (home / ".erlang.cookie").chmod(0o400)
+    cluster = Cluster(nodes)
+    try:
+        with ThreadPoolExecutor(SIZE) as pool:
+            list(pool.map(RabbitNode.start, nodes))
+        for node in nodes[1:]:
+            node.ctl("stop_app")
+            node.ctl("join_cluster", nodes[0].node_name)
+            node.ctl("start_app")
+    except BaseException:
+        _stop(cluster)
+        raise
+    return cluster
+
+
+def _stop(cluster: Cluster) -> None:
+    for node in cluster.nodes:
+        with contextlib.suppress(Exception):
+            node.cleanup()
+
+
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = _start_cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield cluster
+    finally:
+        _stop(cluster)
+
+
+@pytest.fixture
+def cluster(module_cluster: Cluster) -> Cluster:
+    """The module's cluster with every node running (one a previous test killed rejoins)."""
+    for node in module_cluster.nodes:
+        if not node.running:
+            node.start()
+    assert module_cluster.members() == SIZE
+    return module_cluster
+
+
+async def test_killing_the_work_queue_leader_during_a_drain_loses_nothing(
+    cluster: Cluster, pg: PostgresNode, partner: RunningPartner, tmp_path: Path
+) -> None:
+    assert partner.state.verify_secret is not None
+    settings = drain_settings(
+        database_url=pg.url,
+        amqp_url=cluster.url,
+        secret=partner.state.verify_secret,
+        state_dir=tmp_path,
+        amqp_quorum_group_size=SIZE,
+    )
+    async with start_drain(settings, partner, tmp_path / "logs", rows=ROWS) as fleet:
+        await fleet.wait_delivered(ROWS // 4, timeout=60)
+        queue = f"{fleet.namespace}.deliveries"
+        leader = await asyncio.to_thread(cluster.leader, queue)
+        fleet.note(f"SIGKILL {leader.node_name}, leader of {queue}")
+        await asyncio.to_thread(leader.kill)
+        killed = fleet.note("leader killed")
+
+        async def new_leader() -> bool:
+            return (await asyncio.to_thread(cluster.leader, queue)) is not leader
+
+        facts = Facts(fleet)
+        facts.check(await eventually(new_leader, 30), f"{queue} got no new leader")
+        await fleet.expect_all_delivered(facts, within=settings.lease_seconds + 30, since=killed)
+        facts.check(
+            not fleet.unrequested_exits(),
+            "a consumer exited: losing one node must cost a reconnect, not a restart: "
+            + "; ".join(map(str, fleet.unrequested_exits())),
+        )
+        reconnected = [
+            s.index for s in fleet.supervisor.slots if await rs.logged(s.log, "broker_reconnect")
+        ]
+        fleet.note(f"consumers that reconnected: slots {reconnected}")
+        await fleet.finish(facts)  # no dead letters, one event per key, SIGTERMs in bound
+        facts.assert_all()
+
+
+async def _message_ids(url: str, queue: str) -> list[int]:
+    """The delivery ids of every message in ``queue``, read without removing any."""
+    connection = await aio_pika.connect(url, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        count = declared.declaration_result.message_count or 0
+        ids: list[int] = []
+        if not count:
+            return ids
+        await channel.set_qos(prefetch_count=count)  # none is acked: room for all at once
+        with contextlib.suppress(TimeoutError):  # a quiet queue: every message was read
+            async with declared.iterator(timeout=5) as received:
+                async for message in received:
+                    ids.append(messages.decode(message.body).delivery_id)
+                    if len(ids) == count:
+                        break
+        await channel.close()  # unacked: every message stays in the queue
+    return ids
+
+
+async def _queued_ids(pool: asyncpg.Pool) -> set[int]:
+    rows = await pool.fetch("SELECT id FROM deliveries WHERE state::text = 'queued'")
+    return {int(r["id"]) for r in rows}
+
+
+async def test_a_publish_run_losing_its_node_marks_queued_only_what_was_confirmed(
+    cluster: Cluster, pg: PostgresNode, partner: RunningPartner, tmp_path: Path
+) -> None:
+    settings = drain_settings(
+        database_url=pg.url,
+        amqp_url=cluster.url,
+        secret="whsec_unused",
+        state_dir=tmp_path,
+        amqp_quorum_group_size=SIZE,
+        publish_batch_size=200,
+    )
+    assert (await rs.relay(settings, "migrate")).code == 0
+    rows = 10_000
+    pool = await db.create_pool(settings, size=2)
+    try:
+        past = datetime.now(UTC) - timedelta(seconds=5)
+        await rs.load(pool, [rs.line(f"r{i}", partner.url(), due_at=past) for i in range(rows)])
+        run = asyncio.create_task(rs.relay(settings, "publish", timeout=120))
+
+        async def some_queued() -> bool:
+            return len(await _queued_ids(pool)) >= 1000
+
+        await rs.wait_for(some_queued, 60, "publishing under way", interval=0.02)
+        hosting = await asyncio.to_thread(cluster.hosting, "relay-publish")
+        assert len(hosting) == 1, f"the publish run's connection is on {hosting}"
+        await asyncio.to_thread(hosting[0].kill)
+        first = await run
+        queued = await _queued_ids(pool)
+        assert first.code != 0 or len(queued) == rows, first.stderr[-2000:]
+        alive = cluster.running()[0]
+        lane = amqp.Topology.from_settings(settings).lane_queue(amqp.BULK)
+        in_queue = set(await _message_ids(alive.url, lane))
+        assert queued <= in_queue, f"{len(queued - in_queue)} rows queued without a message"
+
+        again = await rs.relay(settings, "publish", timeout=120)  # through a node still up
+        assert again.code == 0, again.stdout + again.stderr[-2000:]
+        queued = await _queued_ids(pool)
+        assert len(queued) == rows
+        in_queue = set(await _message_ids(alive.url, lane))
+        assert queued <= in_queue, f"{len(queued - in_queue)} rows queued without a message"
+    finally:
+        await pool.close()
+        with contextlib.suppress(Exception):
+            await _delete_namespace(cluster, settings)
+
+
+async def test_admitted_ahead_while_the_timer_node_is_down_they_hop_through_the_delay_tiers(
+    cluster: Cluster, pg: PostgresNode, partner: RunningPartner, tmp_path: Path
+) -> None:
+    """The timer queue is classic (one node, not replicated): with its node down, a
+    delivery admitted before its due time comes back unroutable from the timer and is
+    published through the (replicated) delay tiers instead: queued at once, delivered, and
+    not before it was due."""
+    assert partner.state.verify_secret is not None
+    settings = drain_settings(
+        database_url=pg.url,
+        amqp_url=cluster.url,
+        secret=partner.state.verify_secret,
+        state_dir=tmp_path,
+        amqp_quorum_group_size=SIZE,
+    )
+    assert (await rs.relay(settings, "migrate")).code == 0
+    assert (await rs.relay(settings, "publish")).code == 0  # declares the topology
+    timer = await asyncio.to_thread(cluster.home, f"{settings.amqp_namespace}.timer")
+    await asyncio.to_thread(timer.kill)
+    rows = 200
+    pool = await db.create_pool(settings, size=2)
+    consumer = None
+    try:
+        due = datetime.now(UTC) + timedelta(seconds=8)
+        await rs.load(pool, [rs.line(f"r{i}", partner.url(), due_at=due) for i in range(rows)])
+        published = await rs.relay(settings, "publish", timeout=120)
+        assert published.code == 0, published.stdout + published.stderr[-2000:]
+        assert len(await _queued_ids(pool)) == rows  # every one confirmed, none left pending
+        consumer = await rs.start_consumer(settings, tmp_path / "consumer.log")
+
+        async def all_delivered() -> bool:
+            return (await rs.states(pool)).get("delivered", 0) == rows
+
+        await rs.wait_for(all_delivered, 90, f"all {rows} delivered")
+        early = await pool.fetchval(
+            "SELECT count(*) FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id"
+            " WHERE a.started_at < d.occurrence_at"
+        )
+        assert early == 0, f"{early} sends started before their due time"
+        assert partner.state.logical_events == rows
+    finally:
+        if consumer is not None:
+            assert await rs.stop(consumer) == 0
+        await pool.close()
+        with contextlib.suppress(Exception):
+            await _delete_namespace(cluster, settings)
+
+
+async def _delete_namespace(cluster: Cluster, settings: Settings) -> None:
+    url = cluster.running()[0].url
+    connection = await aio_pika.connect(url, timeout=10)
+    async with connection:
+        await amqp.delete_topology(
+            await connection.channel(), amqp.Topology.from_settings(settings)
+        )
