@@ -15,7 +15,7 @@ import asyncpg
 from aio_pika.abc import AbstractConnection
 
 from service import amqp, brokers, db, ledger, logs, runs
-from service.telemetry import Snapshot
+from service.gauges import Snapshot
 
 log = logs.get("consumer")
 
@@ -38,7 +38,7 @@ async def sample_once(
     latest = await runs.reports(pool, None, 1, now, kind="publish", nonempty=True)
     if latest:
         run = latest[0]
-        snapshot.latest_run_completion = run.completion_ratio
+        snapshot.latest_run_completion = run.sendable_completion_ratio
         snapshot.latest_run_age_seconds = (now - run.intended_fire_at).total_seconds()
         snapshot.latest_run_lag_seconds = run.lag_seconds
     channel = await connection.channel()

@@ -191,8 +191,14 @@ def _facts(r: asyncpg.Record) -> SendFacts:
     )
 
 
+# Claimed's fields read straight from the claim's columns (computed once: this runs per row).
+_CLAIMED_COLUMNS = tuple(
+    f.name for f in dataclasses.fields(Claimed) if f.name not in ("facts", "target")
+)
+
+
 def _claimed(r: asyncpg.Record) -> Claimed:
-    names = (f.name for f in dataclasses.fields(Claimed) if f.name not in ("facts", "target"))
+    names = _CLAIMED_COLUMNS
     target = Target(tuple(r["secrets"]), r["envelope"], r["event_type"], r["failure_streak"])
     return Claimed(**{n: r[n] for n in names}, facts=_facts(r), target=target)
 

@@ -69,6 +69,14 @@ class RunReport:
         not get it), and is shown beside the ratio."""
         return completion(self.states)
 
+    @property
+    def sendable_completion_ratio(self) -> float | None:
+        """Delivered over the rows meant to be sent (owed minus deliberate skips: paused,
+        cancelled, stale). What the completion alert watches: a run skipped on purpose
+        must not page anyone, a dead or undelivered row must. None when nothing is sendable."""
+        sendable = self.owed - self.states.get(ledger.State.SKIPPED, 0)
+        return None if sendable == 0 else self.delivered / sendable
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["delivered"] = self.delivered

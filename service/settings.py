@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict, SettingsError
 
-from service import channel_settings, errors, servers
+from service import channel_settings, console_settings, errors, servers
 
 _NUMBER = r"\d+(\.\d+)?"
 _BUDGET = rf"\s*[\w.-]+={_NUMBER}(/{_NUMBER})?\s*"
@@ -23,7 +23,7 @@ _BUDGETS = re.compile(rf"^({_BUDGET}(,{_BUDGET})*)?$")
 _ATTEMPTS = re.compile(r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$")
 
 
-class Settings(channel_settings.ChannelSettings):
+class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSettings):
     """All configuration. Environment variable = ``RELAY_`` + upper-cased field name."""
 
     model_config = SettingsConfigDict(
@@ -271,29 +271,6 @@ class Settings(channel_settings.ChannelSettings):
         "(after_send, after_write, after_publish).",
     )
 
-    # --- operator console (relay console) ------------------------------------------
-    console_host: str = Field(
-        default="127.0.0.1",
-        description="Address `relay console` listens on (loopback: reach it by port-forward).",
-    )
-    console_port: int = Field(
-        default=8088, ge=0, le=65535, description="Port of `relay console` (0: any free port)."
-    )
-    console_token: SecretStr | None = Field(
-        default=None,
-        description="The operator token the console asks for (or a file via "
-        "RELAY_CONSOLE_TOKEN_FILE / RELAY_SECRETS_DIR). Never logged.",
-    )
-    console_token_file: Path | None = Field(
-        default=None,
-        description="File holding the operator token (a mounted Kubernetes Secret).",
-    )
-    console_open_reads: bool = Field(
-        default=False,
-        description="Let read-only console pages and GET /api/v1 through without the token "
-        "(actions still need it).",
-    )
-
     # --- demo / paths -------------------------------------------------------------
     state_dir: Path = Field(
         default=Path("var"), description="Where the demo writes logs and scratch files."
@@ -366,10 +343,8 @@ class Settings(channel_settings.ChannelSettings):
 
     def database_address(self) -> servers.ServerAddress:
         """Where RELAY_DATABASE_URL points (host:port, user, database): safe to print."""
-        address = servers.parse_server_url(
-            self.database_url.get_secret_value(), ("postgresql", "postgres"), 5432,
-            several_hosts=True,
-        )  # fmt: skip
+        url, schemes = self.database_url.get_secret_value(), ("postgresql", "postgres")
+        address = servers.parse_server_url(url, schemes, 5432, several_hosts=True)
         # asyncpg's defaults: the database is named like the user, the user like the OS user.
         user = address.user or os.environ.get("PGUSER") or _os_user()
         return servers.ServerAddress(address.hosts, user, address.path or user)

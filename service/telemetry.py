@@ -14,22 +14,22 @@ is set (the short-lived publisher flushes before it exits).
 from __future__ import annotations
 
 import os
-import platform
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
+from opentelemetry.metrics import Counter, Histogram, Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from service import conventions
+from service.gauges import Snapshot, register_gauges
 
 # Seconds: from a fast local receiver (ms) to a provider at its timeout (10 s+).
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -37,20 +37,6 @@ _WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Seconds from due to accepted: on time is well under a second, a retry takes minutes.
 _LATENESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _LAG_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
-
-
-@dataclass
-class Snapshot:
-    """Values observed by the gauges, refreshed by the consumer's sampler task."""
-
-    queue_depth: dict[str, int] = field(default_factory=dict)  # queue -> ready messages
-    states: dict[str, int] = field(default_factory=dict)  # ledger state -> rows
-    destinations: dict[str, int] = field(default_factory=dict)  # enabled/disabled -> count
-    oldest_claimable_seconds: float = 0.0
-    latest_run_completion: float | None = None
-    latest_run_age_seconds: float | None = None
-    latest_run_lag_seconds: float | None = None
-    ready: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,7 +71,7 @@ class Metrics:
     def create(cls, meter: Meter) -> Metrics:
         """Register every instrument on ``meter``; the gauges read the new ``snapshot``."""
         snapshot = Snapshot()
-        _register_gauges(meter, snapshot)
+        register_gauges(meter, snapshot)
         return cls(
             **_delivery_instruments(meter),
             **_run_instruments(meter),
@@ -211,78 +197,6 @@ def _seconds_histogram(
     return meter.create_histogram(
         name, "s", description, explicit_bucket_boundaries_advisory=list(buckets)
     )
-
-
-def _register_gauges(meter: Meter, snapshot: Snapshot) -> None:
-    """The observable gauges; each reads ``snapshot`` when the reader collects."""
-
-    def gauge(
-        name: str, unit: str, description: str, read: Callable[[], Iterable[Observation]]
-    ) -> None:
-        def callback(_: CallbackOptions) -> Iterable[Observation]:
-            return list(read())
-
-        meter.create_observable_gauge(name, [callback], unit, description)
-
-    gauge(
-        "relay.queue.depth",
-        "{message}",
-        "Messages ready in each queue",
-        lambda: [Observation(n, {"queue": q}) for q, n in snapshot.queue_depth.items()],
-    )
-    gauge(
-        "relay.deliveries",
-        "{delivery}",
-        "Ledger rows by state",
-        lambda: [Observation(n, {"state": s}) for s, n in snapshot.states.items()],
-    )
-    gauge(
-        "relay.destinations",
-        "{destination}",
-        "Registered webhook destinations by state (enabled, disabled)",
-        lambda: [Observation(n, {"state": s}) for s, n in snapshot.destinations.items()],
-    )
-    gauge(
-        "relay.deliveries.oldest_claimable.age",
-        "s",
-        "Age of the oldest delivery that could be worked now (not waiting for a retry)",
-        lambda: [Observation(snapshot.oldest_claimable_seconds)],
-    )
-    gauge(
-        "relay.run.completion_ratio",
-        "1",
-        "Delivered or deliberately skipped, over all rows of the latest publish run",
-        lambda: _optional(snapshot.latest_run_completion),
-    )
-    gauge(
-        "relay.run.age",
-        "s",
-        "Time since the latest publish run's intended fire time",
-        lambda: _optional(snapshot.latest_run_age_seconds),
-    )
-    gauge(
-        "relay.run.lag",
-        "s",
-        "Scheduler lag of the latest publish run",
-        lambda: _optional(snapshot.latest_run_lag_seconds),
-    )
-    build = {"version": conventions.version(), "python": platform.python_version()}
-    gauge(
-        "relay.build.info",
-        "1",
-        "Always 1; the relay's version and Python version as labels",
-        lambda: [Observation(1, build)],
-    )
-    gauge(
-        "relay.consumer.ready",
-        "1",
-        "1 while connected to broker and database and consuming",
-        lambda: [Observation(1 if snapshot.ready else 0)],
-    )
-
-
-def _optional(value: float | None) -> list[Observation]:
-    return [] if value is None else [Observation(value)]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from opentelemetry.metrics import Counter, Histogram
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import telemetry
+from service import gauges, telemetry
 from tests.deploy import support
 from tests.deploy.support import DEPLOY, K8S, REPO, Obj
 
@@ -78,7 +78,7 @@ def exported() -> dict[str, str]:
                 instrument.add(1, {"channel": "webhook", "provider": "webhook"})
             elif isinstance(instrument, Histogram):
                 instrument.record(0.5, {"channel": "webhook", "provider": "webhook"})
-            elif isinstance(instrument, telemetry.Snapshot):
+            elif isinstance(instrument, gauges.Snapshot):
                 for sf in dataclasses.fields(instrument):
                     setattr(instrument, sf.name, _fill(getattr(instrument, sf.name)))
             else:
