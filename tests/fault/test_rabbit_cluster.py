@@ -37,7 +37,7 @@ from service import amqp, db, messages
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.fleet import Facts, drain_settings, eventually, start_drain
-from tests.support.nodes import PostgresNode, RabbitNode, free_ports
+from tests.support.nodes import NodeError, PostgresNode, RabbitNode, free_ports
 from tests.support.relay import RunningPartner
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(300)]
@@ -58,11 +58,12 @@ class Cluster:
     def running(self) -> list[RabbitNode]:
         return [n for n in self.nodes if n.running]
 
-    def leader(self, queue: str) -> RabbitNode:
-        """The node leading a quorum queue now (asked of a running node)."""
+    def leader(self, queue: str) -> RabbitNode | None:
+        """The node leading a quorum queue now (asked of a running node); None while the
+        queue is not listed with a leader (an election after its leader died)."""
         out = self.running()[0].ctl("list_queues", "name", "leader", "--no-table-headers")
         leaders = dict(line.split("\t")[:2] for line in out.splitlines() if "\t" in line)
-        return next(n for n in self.nodes if n.node_name == leaders[queue])
+        return next((n for n in self.nodes if n.node_name == leaders.get(queue)), None)
 
     def hosting(self, connection_name: str) -> list[RabbitNode]:
         """The nodes holding a client connection with this name (from its process id)."""
@@ -152,12 +153,17 @@ async def test_killing_the_work_queue_leader_during_a_drain_loses_nothing(
         await fleet.wait_delivered(ROWS // 4, timeout=60)
         queue = f"{fleet.namespace}.deliveries"
         leader = await asyncio.to_thread(cluster.leader, queue)
+        assert leader is not None, f"{queue} has no leader before the kill"
         fleet.note(f"SIGKILL {leader.node_name}, leader of {queue}")
         await asyncio.to_thread(leader.kill)
         killed = fleet.note("leader killed")
 
         async def new_leader() -> bool:
-            return (await asyncio.to_thread(cluster.leader, queue)) is not leader
+            try:
+                now = await asyncio.to_thread(cluster.leader, queue)
+            except NodeError:  # the node asked is busy electing: ask again
+                return False
+            return now is not None and now is not leader
 
         facts = Facts(fleet)
         facts.check(await eventually(new_leader, 30), f"{queue} got no new leader")
