@@ -67,14 +67,19 @@ def _percentile(values: list[float], share: float) -> float:
     return values[min(len(values) - 1, int(len(values) * share))]
 
 
-async def _cron(env: BenchEnv, stop: asyncio.Event, rng: random.Random) -> list[str]:
-    """``relay publish`` every 60 s from now, each start 0-5 s late, until ``stop``."""
+async def _cron(
+    env: BenchEnv, stop: asyncio.Event, rng: random.Random, nice: int = 0
+) -> list[str]:
+    """``relay publish`` every 60 s from now, each start 0-5 s late, until ``stop``; with
+    ``nice`` > 0 at a lower CPU priority than the consumer (as separate pods with their own
+    CPU would be: on this 2-core machine the run competes with the consumer it feeds)."""
+    command = [*(["nice", "-n", str(nice)] if nice > 0 else []), *RELAY, "publish"]
     runs: list[str] = []
     tick = time.monotonic()
     while not stop.is_set():
         await asyncio.sleep(max(0.0, tick - time.monotonic()) + rng.uniform(0, 5))
         result = await asyncio.to_thread(
-            run_measured, [*RELAY, "publish"], env.env(), env.scratch, f"publish{len(runs)}"
+            run_measured, command, env.env(), env.scratch, f"publish{len(runs)}"
         )
         check(result, "relay publish")
         runs.append(f"{result.stdout.strip()} ({result.wall_seconds:.1f} s)")
@@ -121,6 +126,9 @@ async def main() -> None:
     parser.add_argument("--spike", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument(
+        "--publisher-nice", type=int, default=0, help="run relay publish under nice -n N"
+    )
     args = parser.parse_args()
     print(f"lateness: {args.steady} steady over 60 s + {args.spike} at once; load {load_average()}")
     async with bench_env("lateness", keep_scratch=args.keep_logs) as env:
@@ -141,7 +149,8 @@ async def main() -> None:
             lead = (first_due - datetime.now(UTC)).total_seconds()
             print(f"   loaded in {loaded.wall_seconds:.1f} s; first due in {lead:.1f} s")
             consumer = _spawn([*RELAY, "consume"], env.env(), env.scratch / "consumer.log")
-            cron = asyncio.create_task(_cron(env, stop, random.Random(args.seed)))
+            rng = random.Random(args.seed)
+            cron = asyncio.create_task(_cron(env, stop, rng, args.publisher_nice))
             pool = await asyncpg.create_pool(env.database_url, min_size=1, max_size=2)
             total = args.steady + args.spike
             deadline = time.monotonic() + STEADY_SECONDS + SPIKE_AFTER_SECONDS + 240
