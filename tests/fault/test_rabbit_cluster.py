@@ -182,18 +182,26 @@ async def test_killing_the_work_queue_leader_during_a_drain_loses_nothing(
 
 
 async def _message_ids(url: str, queue: str) -> list[int]:
-    """The delivery ids of every message in ``queue``, read without removing any."""
+    """The delivery ids of every message in ``queue``, read without removing any.
+
+    Callers expect messages there: a count of 0 is read again for up to 60 s, since a
+    quorum queue electing a new leader (its old one just killed) reports none meanwhile."""
     connection = await aio_pika.connect(url, timeout=10)
     async with connection:
         channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        count = declared.declaration_result.message_count or 0
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            declared = await channel.declare_queue(queue, passive=True)
+            count = declared.declaration_result.message_count or 0
+            if count or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(1)
         ids: list[int] = []
         if not count:
             return ids
         await channel.set_qos(prefetch_count=count)  # none is acked: room for all at once
         with contextlib.suppress(TimeoutError):  # a quiet queue: every message was read
-            async with declared.iterator(timeout=5) as received:
+            async with declared.iterator(timeout=15) as received:
                 async for message in received:
                     ids.append(messages.decode(message.body).delivery_id)
                     if len(ids) == count:

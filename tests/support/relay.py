@@ -174,7 +174,8 @@ async def consumer_in_process(
         yield InProcessConsumer(task, reader)
     finally:
         stop.set()
-        await asyncio.wait_for(task, 30)
+        # The grace (20 s) plus closing; generous, as two suites on two cores slow it down.
+        await asyncio.wait_for(task, 60)
         telem.shutdown()
 
 
