@@ -12,22 +12,10 @@ from publisher import backfill as backfill_mod
 from publisher import drop as drop_mod
 from publisher import replay as replay_mod
 from publisher import run as publish_run
-from service import errors, telemetry
+from service import entry, errors, telemetry
 from service.clock import SystemClock
 from service.ledger import State
 from service.settings import Settings
-
-
-def _parse_time(value: str | None, name: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise errors.ConfigError(f"{name}: not an ISO 8601 time: {value!r}") from None
-    if parsed.tzinfo is None:
-        raise errors.ConfigError(f"{name}: needs a UTC offset, e.g. {value}+00:00")
-    return parsed
 
 
 def _print_run(result: publish_run.RunResult) -> None:
@@ -60,7 +48,7 @@ async def _run(settings: Settings, *, rescue_only: bool, intended: datetime | No
 
 async def publish(args: argparse.Namespace, settings: Settings) -> int:
     return await _run(
-        settings, rescue_only=False, intended=_parse_time(args.scheduled_at, "--scheduled-at")
+        settings, rescue_only=False, intended=entry.option_time(args.scheduled_at, "--scheduled-at")
     )
 
 
@@ -83,8 +71,8 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
         )
     filters = replay_mod.LedgerFilter(
         states=tuple(State(s) for s in names),
-        since=_parse_time(args.since, "--since"),
-        until=_parse_time(args.until, "--until"),
+        since=entry.option_time(args.since, "--since"),
+        until=entry.option_time(args.until, "--until"),
         run_id=args.run,
         reminder_id=args.reminder,
         provider=args.provider,
@@ -131,9 +119,9 @@ def _iso(value: object) -> str:
 
 
 async def backfill(args: argparse.Namespace, settings: Settings) -> int:
-    start = _parse_time(args.start, "--from")
+    start = entry.option_time(args.start, "--from")
     assert start is not None
-    end = _parse_time(args.end, "--to") or datetime.now(start.tzinfo)
+    end = entry.option_time(args.end, "--to") or datetime.now(start.tzinfo)
     if end < start:
         raise errors.ConfigError("--to: before --from")
     if args.publish and not args.apply:

@@ -30,13 +30,14 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 import email_validator
 import phonenumbers
 
-from service import limits, netpolicy
+from service import errors, limits, netpolicy
 
 CHANNELS: Final = ("webhook", "email", "sms")
 
@@ -331,3 +332,16 @@ def _sms_payload_problem(payload: Mapping[str, Any], path: str) -> str | None:
             f"the SMS limit is {limits.SMS_MAX_BODY_CHARS:,})"
         )
     return None
+
+
+def option_time(value: str | None, name: str) -> datetime | None:
+    """An ISO 8601 time with a UTC offset from a command's option ``name`` (exit 2 otherwise)."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise errors.ConfigError(f"{name}: not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise errors.ConfigError(f"{name}: needs a UTC offset, e.g. {value}+00:00")
+    return parsed

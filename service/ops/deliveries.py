@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from service import db, errors, logs
+from service import db, entry, errors, logs
 from service.ledger import State
 from service.settings import Settings
 
@@ -47,18 +47,6 @@ def _default(value: object) -> object:
         return value.isoformat()
     return str(value)
 
-
-def parse_time(value: str | None, name: str) -> datetime | None:
-    """An ISO 8601 time with a UTC offset from an option (exit 2 otherwise)."""
-    if value is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise errors.ConfigError(f"{name}: not an ISO 8601 time: {value!r}") from None
-    if parsed.tzinfo is None:
-        raise errors.ConfigError(f"{name}: needs a UTC offset, e.g. {value}+00:00")
-    return parsed
 
 
 def shown_destination(channel: str, destination: str | None) -> str | None:
@@ -225,8 +213,8 @@ async def list_(args: argparse.Namespace, settings: Settings) -> int:
         args.reminder,
         args.destination,
         args.channel,
-        parse_time(args.since, "--since"),
-        parse_time(args.until, "--until"),
+        entry.option_time(args.since, "--since"),
+        entry.option_time(args.until, "--until"),
         args.limit + 1,  # one more tells whether another page follows
         args.before,
     )
