@@ -25,11 +25,12 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiormq
 import asyncpg
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from opentelemetry import trace
 
-from consumer import build, health, sampler, worker
+from consumer import build, health, incoming, sampler, worker
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
@@ -201,7 +202,7 @@ async def _session(parts: _Parts, stop: asyncio.Event, closing: Closing) -> Fail
             on_give_up=lambda: failure.fail(_DATABASE_GONE),
         )
         stack.push_async_callback(watch.stop)
-        consume_channel, queues, acks = await _open_consume_channel(connection, settings, failure)
+        consume_channel, underlay, acks = await _open_consume_channel(connection, settings, failure)
         work = await build.worker_for(
             settings, parts.pool, watch, publisher, parts.adapters, metrics, parts.tracer, acks,
             on_broker_failure=lambda: failure.fail("publish not confirmed"),
@@ -210,7 +211,10 @@ async def _session(parts: _Parts, stop: asyncio.Event, closing: Closing) -> Fail
         probes = _Probes(settings, connection, consume_channel, publisher, watch, work, consuming)
         await _serve_health(stack, settings, probes, parts.render_metrics, closing)
         async with asyncio.timeout(settings.amqp_timeout_seconds):
-            tags = [(queue, await queue.consume(work.on_message)) for queue in queues]
+            tags = [
+                await incoming.consume(underlay, queue, work.on_message)
+                for queue in _lane_queues(settings)
+            ]
         consuming.set()
         metrics.snapshot.ready = True
         sampling = sampler.run_sampler(
@@ -226,7 +230,7 @@ async def _session(parts: _Parts, stop: asyncio.Event, closing: Closing) -> Fail
         await halt.wait()
         consuming.clear()
         metrics.snapshot.ready = False
-        await _shutdown(settings, work, watch, consume_channel, tags, failure, closing)
+        await _shutdown(settings, work, watch, consume_channel, underlay, tags, failure, closing)
         return failure
     raise AssertionError("unreachable")  # the exit stack never swallows an exception
 
@@ -306,18 +310,13 @@ async def _open_broker(
 
 async def _open_consume_channel(
     connection: AbstractConnection, settings: Settings, failure: Failure
-) -> tuple[AbstractChannel, list[AbstractQueue], GroupedAcks]:
-    """The channel deliveries arrive on, the lanes (urgent first, so a bulk backlog never
-    sits in front of it) and the channel's grouped acks. Its closing, or the broker
-    cancelling our consumer (a deleted queue), is a failure."""
-    topology = amqp.Topology.from_settings(settings)
+) -> tuple[AbstractChannel, aiormq.abc.AbstractChannel, GroupedAcks]:
+    """The channel deliveries arrive on (and its aiormq underlay, which consumes) and the
+    channel's grouped acks. Its closing, or the broker cancelling our consumer (a deleted
+    queue), is a failure."""
     async with asyncio.timeout(settings.amqp_timeout_seconds):
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=settings.prefetch)
-        queues = [
-            await channel.get_queue(topology.lane_queue(lane), ensure=False)
-            for lane in (amqp.URGENT, amqp.BULK)
-        ]
         underlay = await channel.get_underlay_channel()
     channel.close_callbacks.add(lambda *_: failure.fail("consume channel closed"))
     underlay.on_consumer_cancel_callbacks.add(
@@ -327,7 +326,13 @@ async def _open_consume_channel(
     async def ack(tag: int, multiple: bool) -> None:
         await underlay.basic_ack(tag, multiple=multiple)
 
-    return channel, queues, GroupedAcks(ack)
+    return channel, underlay, GroupedAcks(ack)
+
+
+def _lane_queues(settings: Settings) -> list[str]:
+    """The lanes' queues, urgent first, so a bulk backlog never sits in front of it."""
+    topology = amqp.Topology.from_settings(settings)
+    return [topology.lane_queue(lane) for lane in (amqp.URGENT, amqp.BULK)]
 
 
 async def _shutdown(
@@ -335,7 +340,8 @@ async def _shutdown(
     work: worker.Worker,
     watch: DatabaseWatch,
     consume_channel: AbstractChannel,
-    tags: list[tuple[AbstractQueue, str]],
+    underlay: aiormq.abc.AbstractChannel,
+    tags: list[str],
     failure: Failure,
     closing: Closing,
 ) -> None:
@@ -347,8 +353,8 @@ async def _shutdown(
     if failure.reason is not None:
         work.give_back_now()  # a server failed: waiting for budget or slots is pointless
     if not consume_channel.is_closed:
-        for queue, tag in tags:
-            await closing.within(functools.partial(queue.cancel, tag))
+        for tag in tags:
+            await closing.within(functools.partial(underlay.basic_cancel, tag))
     # Requests on the wire finish (HTTP timeout < grace); claims that could not start
     # are released and handed back before the end of grace.
     drained = await work.drain(grace_end - 1.0)

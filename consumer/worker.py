@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
@@ -35,6 +34,7 @@ from consumer.dispositions import (
     Redelay,
     Requeue,
 )
+from consumer.incoming import Incoming
 from consumer.store import Store
 from service import amqp, errors, ledger, logs, messages, telemetry
 from service.crashpoints import CrashPoints
@@ -98,8 +98,8 @@ class Worker:
         """Seconds since a message was last settled while messages are held (else 0)."""
         return self._now() - self._last_progress if self._in_flight else 0.0
 
-    async def on_message(self, message: AbstractIncomingMessage) -> None:
-        """aio-pika callback, already run in its own task: track it for the drain."""
+    async def on_message(self, message: Incoming) -> None:
+        """The consume callback, already run in its own task: track it for the drain."""
         task = asyncio.current_task()
         assert task is not None
         if not self._in_flight:
@@ -149,7 +149,7 @@ class Worker:
 
     # ------------------------------------------------------------------ one message
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
+    async def handle(self, message: Incoming) -> None:
         """Decide what the message's delivery needs, then settle the message: the only
         code that acks, nacks or publishes a copy of a delivery message."""
         lane = message.routing_key or amqp.BULK
@@ -167,7 +167,7 @@ class Worker:
         await self._settle(message, disposition)
         self._last_progress = self._now()
 
-    async def _settle(self, message: AbstractIncomingMessage, disposition: Disposition) -> None:
+    async def _settle(self, message: Incoming, disposition: Disposition) -> None:
         trace_headers = telemetry.trace_headers(message.headers)
         try:
             match disposition:
@@ -202,7 +202,7 @@ class Worker:
 
     async def _publish_dead_letter(
         self,
-        message: AbstractIncomingMessage,
+        message: Incoming,
         letter: DeadLetter,
         trace_headers: dict[str, Any],
     ) -> None:
@@ -222,9 +222,7 @@ class Worker:
             except errors.Abandoned:
                 pass  # the dead letter is in its queue; only the row's stamp is missing
 
-    async def _give_back(
-        self, message: AbstractIncomingMessage, lane: str, trace_headers: dict[str, Any]
-    ) -> None:
+    async def _give_back(self, message: Incoming, lane: str, trace_headers: dict[str, Any]) -> None:
         try:
             await self._publisher.publish_copy(message.body, lane=lane, headers=trace_headers)
         except errors.PublishError:
@@ -232,20 +230,20 @@ class Worker:
             return
         await self._ack(message)
 
-    async def _ack(self, message: AbstractIncomingMessage) -> None:
+    async def _ack(self, message: Incoming) -> None:
         """Acknowledge: grouped with its neighbours when it can be (``consumer/acks.py``)."""
         if self._acks is None or message.delivery_tag is None:
             await message.ack()
         else:
             self._acks.ack(message.delivery_tag)
 
-    async def _nack(self, message: AbstractIncomingMessage) -> None:
+    async def _nack(self, message: Incoming) -> None:
         """Return the message to its queue (counts toward its delivery limit)."""
         if self._acks is not None and message.delivery_tag is not None:
             self._acks.dropped(message.delivery_tag)
         await message.nack(requeue=True)
 
-    async def _decide_in_span(self, message: AbstractIncomingMessage) -> Disposition:
+    async def _decide_in_span(self, message: Incoming) -> Disposition:
         if not self._tracing:  # nothing exports spans: skip the context work entirely
             return await self._decide(message, trace.INVALID_SPAN)
         # One span per delivery message, its own trace's root, linked to the publish run
@@ -272,7 +270,7 @@ class Worker:
             span.set_attribute("relay.disposition", type(disposition).__name__.lower())
             return disposition
 
-    async def _decide(self, message: AbstractIncomingMessage, span: Span) -> Disposition:
+    async def _decide(self, message: Incoming, span: Span) -> Disposition:
         lane = message.routing_key or amqp.BULK
         try:
             decoded = messages.decode(message.body)
