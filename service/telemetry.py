@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import Counter, Histogram, Meter
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
@@ -44,7 +44,7 @@ class Metrics:
     """The instruments, grouped as in ``docs/metrics.md``."""
 
     # Delivery: recorded by the consumer.
-    attempts: Counter
+    attempts: LocalCounter
     send_duration: Histogram
     lateness: Histogram
     budget_wait: Histogram
@@ -79,10 +79,31 @@ class Metrics:
         )
 
 
+class LocalCounter:
+    """A monotonic counter summed in this process and read by the SDK when it collects.
+
+    For a count made once per delivery: the SDK's ``Counter.add`` builds a measurement,
+    checks and hashes its attributes and takes a lock (~7 us), a few percent of the
+    consumer's CPU; a dict update is a fraction of that. Exported exactly as a counter
+    (an observable one): same name, unit and attributes.
+    """
+
+    def __init__(self, meter: Meter, name: str, unit: str, description: str) -> None:
+        self._totals: dict[tuple[tuple[str, str], ...], int] = {}
+        meter.create_observable_counter(name, [self._observe], unit, description)
+
+    def add(self, amount: int, attributes: Mapping[str, str]) -> None:
+        key = tuple(attributes.items())
+        self._totals[key] = self._totals.get(key, 0) + amount
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(total, dict(key)) for key, total in list(self._totals.items())]
+
+
 # The two groups of counters and histograms as typed keyword arguments of ``Metrics``, so
 # mypy checks each name and type against the fields above.
 class _DeliveryInstruments(TypedDict):
-    attempts: Counter
+    attempts: LocalCounter
     send_duration: Histogram
     lateness: Histogram
     budget_wait: Histogram
@@ -109,8 +130,8 @@ class _RunInstruments(TypedDict):
 def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
     """The consumer's counters and histograms: one request, one message, one delivery."""
     return _DeliveryInstruments(
-        attempts=meter.create_counter(
-            "relay.delivery.attempts", "{attempt}", "Delivery attempts by outcome"
+        attempts=LocalCounter(
+            meter, "relay.delivery.attempts", "{attempt}", "Delivery attempts by outcome"
         ),
         send_duration=_seconds_histogram(
             meter, "relay.delivery.send.duration", "Time of one provider request", _LATENCY_BUCKETS
