@@ -15,15 +15,14 @@ Like a replay, it reads at most what the queue held when it began.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
+from publisher.dead_queue import DeadLetterRead
 from service import amqp, control, db, ledger, logs, messages
-from service.progress import Progress
 from service.settings import Settings
 
 log = logs.get("replay")
@@ -123,26 +122,15 @@ async def drop(
         queue = await channel.declare_queue(
             amqp.Topology.from_settings(settings).dead_queue, passive=True
         )
-        bound = min(limit, queue.declaration_result.message_count or 0)
-        started_ms = int(time.time() * 1000)
+        read = DeadLetterRead(queue, limit=limit, progress="drop")
         audit = None
         if apply:
             record = {k: v for k, v in filters.__dict__.items() if v is not None}
             record["states"] = [s.value for s in filters.states] if states_given else None
             audit = await ledger.replay_started(pool, "drop", operator, _jsonable(record))
-        held: list[AbstractIncomingMessage] = []
-        progress = Progress("drop")
         try:
-            while summary.selected < bound:
-                message = await queue.get(no_ack=False, fail=False)
-                if message is None:
-                    break
-                dead_at = (message.headers or {}).get(amqp.DEAD_AT_HEADER)
-                if isinstance(dead_at, int) and dead_at > started_ms:
-                    held.append(message)
-                    break
+            async for message in read.letters():
                 summary.selected += 1
-                progress.update(summary.selected, bound)
                 if await _judge(pool, message, filters, states_given, summary):
                     summary.dropped += 1
                     if apply:
@@ -150,11 +138,9 @@ async def drop(
                         continue
                 else:
                     summary.kept += 1
-                held.append(message)
+                read.hold(message)
         finally:
-            progress.finish()
-            for message in held:
-                await message.nack(requeue=True)
+            await read.close()
         if audit is not None:
             await control.drop_finished(pool, audit, summary.selected, summary.dropped)
             log.info(

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,6 +39,7 @@ from typing import Any
 import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from publisher.dead_queue import DeadLetterRead
 from service import amqp, db, ledger, logs, messages
 from service.ledger import State
 from service.progress import Progress
@@ -169,28 +169,15 @@ class Replayer:
         queue = await channel.declare_queue(topology.dead_queue, passive=True)
         # The bound: what the queue held when the replay began. Dead letters produced
         # after that (by replays failing again) are never read by this replay.
-        bound = min(limit, queue.declaration_result.message_count or 0)
-        started_ms = int(time.time() * 1000)
+        read = DeadLetterRead(queue, limit=limit, progress="replay")
         audit = await self._audit_start("dead-letter-queue", {"limit": limit}) if apply else None
-        held: list[AbstractIncomingMessage] = []  # unacked until the end: not fetched twice
-        progress = Progress("replay")
         try:
-            while summary.selected < bound:
-                message = await queue.get(no_ack=False, fail=False)
-                if message is None:
-                    break
-                dead_at = (message.headers or {}).get(amqp.DEAD_AT_HEADER)
-                if isinstance(dead_at, int) and dead_at > started_ms:
-                    held.append(message)  # newer than this replay: not ours to judge
-                    break
+            async for message in read.letters():
                 summary.selected += 1
-                progress.update(summary.selected, bound)
                 if not await self._judge(message, summary, apply):
-                    held.append(message)
+                    read.hold(message)
         finally:
-            progress.finish()
-            for message in held:
-                await message.nack(requeue=True)
+            await read.close()
         if audit is not None:
             await self._audit_finish(audit, summary)
         return summary
