@@ -12,6 +12,7 @@ class ExitCode(enum.IntEnum):
     INCOMPLETE = 1  # the run did its work only in part: rows are left for the next run
     CONFIG = 2  # bad setting, bad arguments or bad input file: nothing was done
     UNAVAILABLE = 3  # a required server (database, broker) could not be reached
+    BUG = 70  # an exception nobody expected (sysexits' EX_SOFTWARE): not 1, "incomplete"
 
 
 class RelayError(Exception):

@@ -369,7 +369,7 @@ def _internal_error(exc: Exception) -> int:
         + f" at {where}; RELAY_LOG_LEVEL=DEBUG prints the traceback",
         file=sys.stderr,
     )
-    return 1
+    return errors.ExitCode.BUG
 
 
 def _bug_site(exc: BaseException) -> str:

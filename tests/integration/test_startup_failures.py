@@ -345,7 +345,7 @@ async def test_a_bug_is_one_line_pointing_to_it_and_its_traceback_is_at_debug(
     settings: Settings,
 ) -> None:
     result = await _crashing_relay(settings)
-    assert result.code == 1
+    assert result.code == errors.ExitCode.BUG == 70  # not 1: that is "incomplete"
     line = _one_line(
         result,
         "relay: internal error (a bug): ValueError: day is out of range for month",
@@ -355,7 +355,7 @@ async def test_a_bug_is_one_line_pointing_to_it_and_its_traceback_is_at_debug(
     assert "customer@example.com" not in line
 
     debug = await _crashing_relay(settings, LOG_LEVEL="DEBUG")
-    assert debug.code == 1
+    assert debug.code == errors.ExitCode.BUG
     assert "Traceback" in debug.stderr and '"event": "internal_error"' in debug.stderr
 
 
