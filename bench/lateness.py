@@ -67,9 +67,7 @@ def _percentile(values: list[float], share: float) -> float:
     return values[min(len(values) - 1, int(len(values) * share))]
 
 
-async def _cron(
-    env: BenchEnv, stop: asyncio.Event, rng: random.Random, nice: int = 0
-) -> list[str]:
+async def _cron(env: BenchEnv, stop: asyncio.Event, rng: random.Random, nice: int = 0) -> list[str]:
     """``relay publish`` every 60 s from now, each start 0-5 s late, until ``stop``; with
     ``nice`` > 0 at a lower CPU priority than the consumer (as separate pods with their own
     CPU would be: on this 2-core machine the run competes with the consumer it feeds)."""

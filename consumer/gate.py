@@ -120,7 +120,6 @@ class Gate:
             return Stopped()
         return slot
 
-
     async def _budget(
         self, row: Claimed, no_new_requests: asyncio.Event
     ) -> float | Defer | Stopped:

@@ -28,7 +28,6 @@ class Snapshot:
     ready: bool = False
 
 
-
 def register_gauges(meter: Meter, snapshot: Snapshot) -> None:
     """The observable gauges; each reads ``snapshot`` when the reader collects."""
 

@@ -73,9 +73,7 @@ def _version() -> str:
         return "relay (version unknown: not installed)"
 
 
-def _command(
-    sub: Subcommands, name: str, summary: str, *examples: str
-) -> argparse.ArgumentParser:
+def _command(sub: Subcommands, name: str, summary: str, *examples: str) -> argparse.ArgumentParser:
     """A subcommand whose help has a one-line description and examples."""
     lines = "\n".join(f"  {example}" for example in examples)
     return sub.add_parser(

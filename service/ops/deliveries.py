@@ -48,7 +48,6 @@ def _default(value: object) -> object:
     return str(value)
 
 
-
 def shown_destination(channel: str, destination: str | None) -> str | None:
     """What may be printed of a destination: a webhook's scheme and host, nothing else."""
     if destination is None:

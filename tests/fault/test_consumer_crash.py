@@ -55,9 +55,7 @@ async def test_killed_after_partner_accepted_before_outcome_written_resends_same
     assert partner.state.logical_events == 1
     assert partner.state.events[row["idempotency_key"]] == 2  # same key both times
     assert partner.state.duplicates == 1
-    outcomes = await pool.fetch(
-        "SELECT attempt, outcome FROM delivery_attempts ORDER BY attempt"
-    )
+    outcomes = await pool.fetch("SELECT attempt, outcome FROM delivery_attempts ORDER BY attempt")
     assert [(a["attempt"], a["outcome"]) for a in outcomes] == [(1, "lost"), (2, "accepted")]
 
 

@@ -157,8 +157,12 @@ async def test_urgent_delivery_during_a_20000_bulk_drain_overtakes_the_backlog(
         await rs.wait_for(lambda: _delivered(pool, 2000), 60, "bulk drain under way")
         async with pool.acquire() as conn, conn.transaction():
             await outbox.add_intent(
-                conn, key="page-oncall-1", channel="webhook",
-                destination=partner.url("urgent"), payload={"text": "now"}, urgent=True,
+                conn,
+                key="page-oncall-1",
+                channel="webhook",
+                destination=partner.url("urgent"),
+                payload={"text": "now"},
+                urgent=True,
                 allow_networks=rs.LOOPBACK,
             )
         assert (await rs.relay(settings, "publish")).code == 0
@@ -254,8 +258,10 @@ async def test_410_gone_disables_the_destination_and_dead_letters(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
     partner.state.rules["gone"] = partner_mod.PathRule(status=410)
-    await rs.load(pool, [rs.line("r1", partner.url("gone"), daily_at="06:00"),
-                         rs.line("r2", partner.url("gone"))])
+    await rs.load(
+        pool,
+        [rs.line("r1", partner.url("gone"), daily_at="06:00"), rs.line("r2", partner.url("gone"))],
+    )
     await pool.execute("UPDATE reminders SET next_due_at = now() - interval '1 second'")
     assert (await rs.relay(settings, "publish")).code == 0
     async with rs.consumer_in_process(settings):

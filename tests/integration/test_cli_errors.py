@@ -41,14 +41,44 @@ async def test_bad_reminder_lines_are_named_and_nothing_is_loaded(
     lines = [
         good,
         "{not json",
-        json.dumps({"id": "x", "channel": "webhook", "destination": "http://127.0.0.1:9/",
-                    "payload": {}, "daily_at": "25:00", "timezone": "Europe/Berlin"}),
-        json.dumps({"id": "y", "channel": "webhook", "destination": "http://127.0.0.1:9/",
-                    "payload": {}, "daily_at": "06:00", "timezone": "Mars/Olympus"}),
-        json.dumps({"id": "z", "channel": "fax", "destination": "x", "payload": {},
-                    "due_at": "2026-01-01T00:00:00+00:00"}),
-        json.dumps({"id": "w", "channel": "webhook", "destination": "http://127.0.0.1:9/",
-                    "payload": {}, "due_at": "2026-01-01T00:00:00"}),
+        json.dumps(
+            {
+                "id": "x",
+                "channel": "webhook",
+                "destination": "http://127.0.0.1:9/",
+                "payload": {},
+                "daily_at": "25:00",
+                "timezone": "Europe/Berlin",
+            }
+        ),
+        json.dumps(
+            {
+                "id": "y",
+                "channel": "webhook",
+                "destination": "http://127.0.0.1:9/",
+                "payload": {},
+                "daily_at": "06:00",
+                "timezone": "Mars/Olympus",
+            }
+        ),
+        json.dumps(
+            {
+                "id": "z",
+                "channel": "fax",
+                "destination": "x",
+                "payload": {},
+                "due_at": "2026-01-01T00:00:00+00:00",
+            }
+        ),
+        json.dumps(
+            {
+                "id": "w",
+                "channel": "webhook",
+                "destination": "http://127.0.0.1:9/",
+                "payload": {},
+                "due_at": "2026-01-01T00:00:00",
+            }
+        ),
         good,
     ]
     result = await rs.relay(settings, "reminders", "load", "-", stdin="\n".join(lines))
@@ -80,8 +110,10 @@ async def test_private_destination_is_refused_at_load_without_an_allowlist(
 async def test_good_file_loads_and_a_reload_keeps_the_next_occurrence(
     settings: Settings, pool: asyncpg.Pool
 ) -> None:
-    lines = [rs.line(f"d{i}", "http://127.0.0.1:9/hooks/a", daily_at="06:00",
-                     timezone="Europe/Berlin") for i in range(3)]
+    lines = [
+        rs.line(f"d{i}", "http://127.0.0.1:9/hooks/a", daily_at="06:00", timezone="Europe/Berlin")
+        for i in range(3)
+    ]
     first = await rs.relay(settings, "reminders", "load", "-", stdin="\n".join(lines))
     assert first.code == 0 and "loaded 3 reminders" in first.stdout
     await pool.execute("UPDATE reminders SET next_due_at = next_due_at + interval '1 day'")

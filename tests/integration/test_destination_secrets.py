@@ -36,9 +36,7 @@ async def _send_one(settings: Settings, pool: asyncpg.Pool, reminder_id: str, ur
 async def _end_grace(pool: asyncpg.Pool) -> None:
     """The grace has passed: the database's clock is the one the expiry is read with, so
     the expiry is moved to its present rather than the test waiting for it."""
-    await pool.execute(
-        "UPDATE destination_secrets SET expires_at = now() WHERE expires_at > now()"
-    )
+    await pool.execute("UPDATE destination_secrets SET expires_at = now() WHERE expires_at > now()")
 
 
 async def test_rotation_old_secret_verifies_until_the_grace_ends_new_one_throughout(

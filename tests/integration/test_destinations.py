@@ -161,9 +161,7 @@ async def test_a_failure_streak_disables_the_destination_holds_its_deliveries_th
         attempts_when_held = await pool.fetchval("SELECT count(*) FROM delivery_attempts")
         rounds = len(records.events("deferred"))
         # Another round of holds: still no request, no attempt.
-        await rs.wait_for(
-            lambda: _more(records, rounds + 5), 30, "held deliveries looked again"
-        )
+        await rs.wait_for(lambda: _more(records, rounds + 5), 30, "held deliveries looked again")
         assert len(failing.requests) == requests_when_held
         assert await pool.fetchval("SELECT count(*) FROM delivery_attempts") == attempts_when_held
         states = await rs.states(pool)

@@ -267,7 +267,11 @@ async def test_status_reports_outbox_intents_apart_from_runs(
 ) -> None:
     async with pool.acquire() as conn, conn.transaction():
         await outbox.add_intent(
-            conn, key="status-1", channel="webhook", destination=partner.url(), payload={"n": 1},
+            conn,
+            key="status-1",
+            channel="webhook",
+            destination=partner.url(),
+            payload={"n": 1},
             allow_networks=rs.LOOPBACK,
         )
     report = await rs.relay(settings, "status", "--json")

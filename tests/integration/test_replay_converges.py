@@ -76,7 +76,11 @@ async def test_queue_replay_beside_a_consumer_replays_each_dead_row_once_and_exi
         )
         assert result.code == 0, result.stdout + result.stderr
         assert _numbers(result.stdout) == {
-            "selected": n, "replayed": n, "requeued": 0, "stale": 0, "undecodable": 0,
+            "selected": n,
+            "replayed": n,
+            "requeued": 0,
+            "stale": 0,
+            "undecodable": 0,
             "failed": 0,
         }
         # The replayed deliveries die again; their new dead letters stay for the next replay.
@@ -203,16 +207,22 @@ async def test_queue_dry_run_reports_the_numbers_apply_then_reports(
     applied = await rs.relay(settings, "replay", "--from", "queue", "--apply")
     assert applied.code == 0, applied.stdout + applied.stderr
     expected = {
-        "selected": 7, "replayed": 4, "requeued": 1, "stale": 2, "undecodable": 1, "failed": 0,
+        "selected": 7,
+        "replayed": 4,
+        "requeued": 1,
+        "stale": 2,
+        "undecodable": 1,
+        "failed": 0,
     }
     assert _numbers(dry.stdout) == expected
     assert _numbers(applied.stdout) == expected
 
     # What --apply did: the dead rows were reset and queued, the queued row republished,
     # the obsolete dead letters acked, the undecodable one left for a person.
-    states = dict((r["id"], r["state"]) for r in await pool.fetch(
-        "SELECT id, state::text AS state FROM deliveries"
-    ))
+    states = dict(
+        (r["id"], r["state"])
+        for r in await pool.fetch("SELECT id, state::text AS state FROM deliveries")
+    )
     assert all(states[i] == "queued" for i in by_state["dead"] + by_state["queued"])
     left = await broker.read(settings, broker.topology(settings).dead_queue, remove=False)
     assert [m.body for m in left] == [b"\x00 not a delivery"]
@@ -228,7 +238,12 @@ async def test_ledger_dry_run_reports_the_numbers_apply_then_reports(
     applied = await rs.relay(settings, *args, "--apply")
     assert dry.code == applied.code == 0, dry.stderr + applied.stderr
     expected = {
-        "selected": 4, "replayed": 4, "requeued": 1, "stale": 0, "undecodable": 0, "failed": 0,
+        "selected": 4,
+        "replayed": 4,
+        "requeued": 1,
+        "stale": 0,
+        "undecodable": 0,
+        "failed": 0,
     }
     assert _numbers(dry.stdout) == expected
     assert _numbers(applied.stdout) == expected

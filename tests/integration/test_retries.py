@@ -100,8 +100,7 @@ async def test_one_failing_endpoint_neither_delays_the_others_nor_duplicates(
     # logical event at the partner.
     victim = await pool.fetchrow("SELECT * FROM deliveries WHERE reminder_id = 'victim'")
     attempts = await pool.fetch(
-        "SELECT outcome, started_at FROM delivery_attempts WHERE delivery_id = $1"
-        " ORDER BY attempt",
+        "SELECT outcome, started_at FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt",
         victim["id"],
     )
     assert victim["attempts"] == len(attempts) >= 3

@@ -15,4 +15,3 @@ async def test_python_state_equals_the_database_delivery_state_enum_in_order(
         " WHERE t.typname = 'delivery_state' ORDER BY e.enumsortorder"
     )
     assert [r["enumlabel"] for r in labels] == [s.value for s in ledger.State]
-

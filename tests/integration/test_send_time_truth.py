@@ -194,7 +194,10 @@ async def test_stale_after_crossed_during_a_budget_wait_is_obeyed_at_send_time(
         now = datetime.now(UTC)
         lines = [
             rs.line(
-                f"s{i}", partner.url("st"), due_at=now, stale_after=stale_after,
+                f"s{i}",
+                partner.url("st"),
+                due_at=now,
+                stale_after=stale_after,
                 send_stale=send_stale,
             )
             for i in range(3)
@@ -253,8 +256,12 @@ async def test_destination_disabled_during_a_budget_wait_is_held_without_a_reque
     async with pool.acquire() as conn, conn.transaction():
         for i in range(4):
             await outbox.add_intent(
-                conn, key=f"intent-{i}", channel="webhook", destination=destination,
-                payload={"n": i}, allow_networks=rs.LOOPBACK,
+                conn,
+                key=f"intent-{i}",
+                channel="webhook",
+                destination=destination,
+                payload={"n": i},
+                allow_networks=rs.LOOPBACK,
             )
     assert (await rs.relay(settings, "publish")).code == 0
     log = tmp_path / "consumer.log"

@@ -54,9 +54,7 @@ async def publish_dead(settings: Settings, body: bytes, headers: dict[str, objec
     async with channel(settings, confirms=True) as ch:
         exchange = await ch.get_exchange(topology(settings).dead_exchange)
         await exchange.publish(
-            aio_pika.Message(
-                body, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
-            ),
+            aio_pika.Message(body, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
             "",
             mandatory=True,
         )

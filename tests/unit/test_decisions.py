@@ -132,16 +132,12 @@ def test_a_disabled_destination_is_held_even_while_its_provider_is_paused() -> N
 
 def test_a_paused_provider_holds_the_send_for_the_pause() -> None:
     facts = replace(FRESH, provider_paused_seconds=2.5)
-    assert decisions.verdict(facts, has_destination=True) == decisions.Hold(
-        "provider paused", 2.5
-    )
+    assert decisions.verdict(facts, has_destination=True) == decisions.Hold("provider paused", 2.5)
 
 
 def test_a_stale_row_with_send_stale_still_waits_out_a_pause() -> None:
     facts = replace(FRESH, age_seconds=1e6, send_stale=True, provider_paused_seconds=1.0)
-    assert decisions.verdict(facts, has_destination=True) == decisions.Hold(
-        "provider paused", 1.0
-    )
+    assert decisions.verdict(facts, has_destination=True) == decisions.Hold("provider paused", 1.0)
 
 
 # ------------------------------------------------------------------------- skipped
@@ -172,9 +168,7 @@ def test_refused_is_a_rejected_outcome_with_the_error_and_nothing_sent() -> None
 
 
 def test_attempt_record_carries_the_outcome_timing_version_and_stale_mark() -> None:
-    outcome = Outcome(
-        OutcomeKind.RETRY, http_status=503, error="http 503", response_excerpt="busy"
-    )
+    outcome = Outcome(OutcomeKind.RETRY, http_status=503, error="http 503", response_excerpt="busy")
     record = decisions.attempt_record(
         _row(), outcome, started_at=NOW, latency_seconds=0.25, stale=True
     )
@@ -227,9 +221,7 @@ def test_retry_writes_retrying_at_now_plus_the_delay() -> None:
 def test_retry_without_a_delay_is_a_bug_caught_at_once() -> None:
     outcome = Outcome(OutcomeKind.RETRY, http_status=503)
     with pytest.raises(AssertionError):
-        decisions.after_attempt(
-            _row(), outcome, Decision(Action.RETRY), _record("retry"), now=NOW
-        )
+        decisions.after_attempt(_row(), outcome, Decision(Action.RETRY), _record("retry"), now=NOW)
 
 
 def test_dead_with_reason_and_error_joins_them() -> None:

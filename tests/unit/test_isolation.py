@@ -89,8 +89,11 @@ class FakeClock:
 def _paced_guard(clock: FakeClock, *, gap: float) -> DestinationGuard:
     """A guard whose destination has been finishing one send every ``gap`` seconds."""
     guard = DestinationGuard(
-        max_in_flight=1, failure_threshold=3, cooldown_seconds=30.0,
-        max_wait_seconds=1.0, monotonic=clock,
+        max_in_flight=1,
+        failure_threshold=3,
+        cooldown_seconds=30.0,
+        max_wait_seconds=1.0,
+        monotonic=clock,
     )
     for _ in range(3):
         assert guard.try_take_slot(KEY).admitted
