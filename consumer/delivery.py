@@ -13,6 +13,7 @@ Nothing here touches the message: every path returns a ``Disposition`` for the w
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -51,7 +52,9 @@ _UNREADABLE = "destination secret unreadable"
 _RECHECK_AFTER_SECONDS = 0.05
 # A channel this replica cannot send through: let a replica that can take it meanwhile.
 _UNCONFIGURED_DEFER_SECONDS = 30.0
-_UNCONFIGURED_LOG_EVERY_SECONDS = 60.0
+# A repeating condition (a channel not configured, a held destination) logs at INFO or
+# ERROR once per reason per minute, the rest at DEBUG or not at all.
+_REPEAT_LOG_EVERY_SECONDS = 60.0
 
 
 class Deliverer:
@@ -82,7 +85,8 @@ class Deliverer:
         self._rng = rng
         self._crash = crash or CrashPoints()
         self._now = monotonic
-        self._unconfigured_logged: dict[str, float] = {}
+        self._error_lines = logs.OnePerInterval(_REPEAT_LOG_EVERY_SECONDS, monotonic)
+        self._deferral_lines = logs.OnePerInterval(_REPEAT_LOG_EVERY_SECONDS, monotonic)
         self._targets = targets or DestinationPolicy()
         self._failing: set[str] = set()  # destinations this process saw fail lately
 
@@ -319,15 +323,22 @@ class Deliverer:
         retry_at = self._clock.now() + timedelta(seconds=seconds)
         await self._store.release(row.id, row.attempts, retry_at)
         self._metrics.deferrals.add(1, {"reason": telemetry.label_value(reason)})
-        log.info(
-            "send deferred without an attempt",
-            extra={
-                "event": "deferred",
-                "delivery_id": row.id,
-                "reason": reason,
-                "delay_seconds": round(seconds, 3),
-            },
-        )
+        # One INFO line per reason a minute (a held destination defers every delivery of
+        # it, every half minute), naming how many went to DEBUG since; each one at DEBUG.
+        held_back = self._deferral_lines.admit(reason)
+        level = logging.DEBUG if held_back is None else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "send deferred without an attempt",
+                extra={
+                    "event": "deferred",
+                    "delivery_id": row.id,
+                    "reason": reason,
+                    "delay_seconds": round(seconds, 3),
+                    "held_back": held_back or 0,
+                },
+            )
         # Parked even if the release found the claim gone: an extra message is harmless.
         return Redelay(amqp.lane_of(row.urgent), seconds)
 
@@ -356,10 +367,7 @@ class Deliverer:
         return Ack()
 
     def _log_unreadable(self, delivery_id: int) -> None:
-        now = self._now()
-        last = self._unconfigured_logged.get(_UNREADABLE)
-        if last is None or now - last > _UNCONFIGURED_LOG_EVERY_SECONDS:
-            self._unconfigured_logged[_UNREADABLE] = now
+        if self._error_lines.admit(_UNREADABLE) is not None:
             log.error(
                 "a destination's own secrets cannot be decrypted (RELAY_DESTINATION_SECRETS_KEYS "
                 "lacks their key); its deliveries are held",
@@ -367,10 +375,7 @@ class Deliverer:
             )
 
     def _log_unconfigured(self, channel: str) -> None:
-        now = self._now()
-        last = self._unconfigured_logged.get(channel)
-        if last is None or now - last > _UNCONFIGURED_LOG_EVERY_SECONDS:
-            self._unconfigured_logged[channel] = now
+        if self._error_lines.admit(f"channel {channel}") is not None:
             log.error(
                 "channel not configured on this replica; deferring its deliveries",
                 extra={"event": "channel_not_configured", "channel": channel},

@@ -14,6 +14,7 @@ their messages handed back; requests already on the wire are awaited.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,7 @@ class Worker:
         self._no_new_requests = asyncio.Event()
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._last_progress = monotonic()
+        self._redelay_lines = logs.OnePerInterval(60.0, monotonic)
 
     @property
     def in_flight(self) -> int:
@@ -349,13 +351,18 @@ class Worker:
         remaining = max((until - row.now).total_seconds(), 0.0) if until else 0.0
         remaining = max(remaining, row.early_seconds)
         self._metrics.redelays.add(1, {"state": row.state.value})
-        log.info(
-            "message parked until its row is due",
-            extra={
-                "event": "redelay",
-                "delivery_id": row.id,
-                "state": row.state.value,
-                "remaining_seconds": round(remaining, 3),
-            },
-        )
+        held_back = self._redelay_lines.admit(row.state.value)  # one INFO line a minute
+        level = logging.DEBUG if held_back is None else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "message parked until its row is due",
+                extra={
+                    "event": "redelay",
+                    "delivery_id": row.id,
+                    "state": row.state.value,
+                    "remaining_seconds": round(remaining, 3),
+                    "held_back": held_back or 0,
+                },
+            )
         return Redelay(lane, remaining)

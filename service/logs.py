@@ -12,6 +12,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
@@ -77,3 +78,34 @@ def setup(level: str = "INFO", stream: Any = None) -> None:
 def get(name: str) -> logging.Logger:
     """A logger under ``relay.``."""
     return logging.getLogger(f"relay.{name}")
+
+
+class OnePerInterval:
+    """The first line of each kind per interval, and how many were held back before it.
+
+    For a condition that repeats once per message: a disabled destination's thousands of
+    held deliveries are re-checked every half minute, and one INFO line each would bury
+    everything else. The caller logs an admitted line at its level (with the count held
+    back) and the others at DEBUG, or not at all.
+    """
+
+    _MAX_KINDS = 1_000  # kinds are fixed phrases; a bound anyway
+
+    def __init__(self, seconds: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._seconds = seconds
+        self._now = monotonic
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def admit(self, kind: str) -> int | None:
+        """None: hold this line back; else how many of its kind were held back since the
+        last one admitted."""
+        now = self._now()
+        last = self._last.get(kind)
+        if last is not None and now - last < self._seconds:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return None
+        if len(self._last) >= self._MAX_KINDS:
+            self._last.clear()
+        self._last[kind] = now
+        return self._held.pop(kind, 0)

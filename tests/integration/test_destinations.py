@@ -117,7 +117,7 @@ def records() -> Iterator[Records]:
     logger = logging.getLogger("relay")
     level = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # every deferral: one a minute per reason is at INFO
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(level)

@@ -265,8 +265,8 @@ async def test_destination_disabled_during_a_budget_wait_is_held_without_a_reque
             )
     assert (await rs.relay(settings, "publish")).code == 0
     log = tmp_path / "consumer.log"
-    consumer = await rs.start_consumer(
-        settings, log, BUDGETS="webhook=0.2/1", DESTINATION_HOLD_SECONDS="1"
+    consumer = await rs.start_consumer(  # DEBUG: every deferral, not one a minute
+        settings, log, BUDGETS="webhook=0.2/1", DESTINATION_HOLD_SECONDS="1", LOG_LEVEL="DEBUG"
     )
     try:
 
