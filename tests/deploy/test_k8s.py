@@ -255,6 +255,41 @@ def test_secret_is_mounted_where_relay_secrets_dir_points() -> None:
                 assert len(sources) == 1 and support.is_config_name(sources[0]), where
 
 
+# Which of the Secret's keys each workload sees (its secret volume's ``items``): a key it
+# does not read is not in its pod, so a consumer's compromise does not hand over the
+# console's operator token, and the CronJob holds only its two connections.
+_CONNECTIONS = {"RELAY_DATABASE_URL", "RELAY_AMQP_URL"}
+_SECRETS_BY_COMMAND = {
+    "consume": _CONNECTIONS
+    | {
+        "RELAY_WEBHOOK_SIGNING_SECRETS",
+        "RELAY_DESTINATION_SECRETS_KEYS",
+        "RELAY_EMAIL_API_KEY",
+        "RELAY_SMS_AUTH_TOKEN",
+    },
+    "publish": _CONNECTIONS,
+    "console": _CONNECTIONS | {"RELAY_CONSOLE_TOKEN"},
+    "replay": _CONNECTIONS,
+}
+
+
+def test_each_workload_mounts_only_the_secret_keys_its_command_reads() -> None:
+    seen: set[str] = set()
+    for name, obj in support.all_rendered():
+        for _, spec in support.workloads([obj]):
+            (main,) = spec["containers"]
+            command = support.container_argv(main)[0]
+            where = f"{name}: {support.kind_name(obj)} ({command})"
+            (volume,) = [v for v in spec.get("volumes", []) if "secret" in v]
+            projected = {item["key"] for item in volume["secret"].get("items", [])}
+            assert projected == _SECRETS_BY_COMMAND[command], where
+            assert all(i["key"] == i["path"] for i in volume["secret"]["items"]), where
+            seen.add(command)
+    assert seen == set(_SECRETS_BY_COMMAND)
+    # Every key of the Secret is read by some workload, and nothing else is projected.
+    assert set().union(*_SECRETS_BY_COMMAND.values()) == support.secret_variables()
+
+
 # --- the consumer's probes, ports and shutdown ------------------------------------------
 
 
