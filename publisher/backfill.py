@@ -81,17 +81,7 @@ def _owed(row: asyncpg.Record, start: datetime, end: datetime) -> list[NewDelive
             f"reminder {row['id']}: more than {MAX_PER_REMINDER} occurrences in the window; "
             "backfill a narrower one"
         )
-    return [
-        NewDelivery(
-            key=admission.schedule_key(row["id"], at, row["channel"]),
-            reminder_id=row["id"],
-            channel=row["channel"],
-            provider=row["provider"],
-            occurrence_at=at,
-            urgent=row["urgent"],
-        )
-        for at in found
-    ]
+    return [NewDelivery.of(row, at) for at in found]
 
 
 async def _one(pool: asyncpg.Pool, row: asyncpg.Record, summary: BackfillSummary) -> None:

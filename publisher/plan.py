@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
-from service import admission, logs, schedule
+from service import logs, schedule
 from service.admission import NewDelivery
 from service.settings import Settings
 
@@ -55,16 +55,6 @@ def plan_batch(
         for at, reason in owed:
             if any(start <= at < end for start, end in paused):
                 reason = SKIP_PAUSED
-            deliveries.append(
-                NewDelivery(
-                    key=admission.schedule_key(row["id"], at, row["channel"]),
-                    reminder_id=row["id"],
-                    channel=row["channel"],
-                    provider=row["provider"],
-                    occurrence_at=at,
-                    urgent=row["urgent"],
-                    skip_reason=reason,
-                )
-            )
+            deliveries.append(NewDelivery.of(row, at, reason))
         advances.append((row["id"], plan.next_due_at))
     return deliveries, advances

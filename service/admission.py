@@ -58,6 +58,22 @@ class NewDelivery:
     urgent: bool
     skip_reason: str | None = None
 
+    @classmethod
+    def of(
+        cls, reminder: asyncpg.Record, at: datetime, skip_reason: str | None = None
+    ) -> NewDelivery:
+        """The occurrence of ``reminder`` (its ``reminders`` row) at ``at``, keyed by its
+        business identity: a publish run and a backfill owe the same row, once."""
+        return cls(
+            key=schedule_key(reminder["id"], at, reminder["channel"]),
+            reminder_id=reminder["id"],
+            channel=reminder["channel"],
+            provider=reminder["provider"],
+            occurrence_at=at,
+            urgent=reminder["urgent"],
+            skip_reason=skip_reason,
+        )
+
 
 @dataclass(frozen=True)
 class Inserted:
