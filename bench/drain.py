@@ -367,7 +367,8 @@ async def main() -> None:
         f"peak RSS {rss:.1f} MB (target < {TARGET_RSS_MB:.0f}: "
         f"{'met' if rss < TARGET_RSS_MB else 'MISSED'}), "
         f"CPU {cpu:.0f} us/delivery (target <= {TARGET_CPU_US:.0f}: "
-        f"{'met' if cpu <= TARGET_CPU_US else 'MISSED'}; start-up {median([r.startup_cpu_seconds for r in runs]):.2f} s; steady "
+        f"{'met' if cpu <= TARGET_CPU_US else 'MISSED'}; start-up "
+        f"{median([r.startup_cpu_seconds for r in runs]):.2f} s; steady "
         f"{median([r.steady_cpu_us for r in runs]):.0f} us/delivery), "
         f"machine busy {median([r.machine_busy for r in runs]):.0%}"
     )
