@@ -13,7 +13,6 @@ Nothing here touches the message: every path returns a ``Disposition`` for the w
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -325,20 +324,17 @@ class Deliverer:
         self._metrics.deferrals.add(1, {"reason": telemetry.label_value(reason)})
         # One INFO line per reason a minute (a held destination defers every delivery of
         # it, every half minute), naming how many went to DEBUG since; each one at DEBUG.
-        held_back = self._deferral_lines.admit(reason)
-        level = logging.DEBUG if held_back is None else logging.INFO
-        if log.isEnabledFor(level):
-            log.log(
-                level,
-                "send deferred without an attempt",
-                extra={
-                    "event": "deferred",
-                    "delivery_id": row.id,
-                    "reason": reason,
-                    "delay_seconds": round(seconds, 3),
-                    "held_back": held_back or 0,
-                },
-            )
+        self._deferral_lines.log(
+            log,
+            reason,
+            "send deferred without an attempt",
+            {
+                "event": "deferred",
+                "delivery_id": row.id,
+                "reason": reason,
+                "delay_seconds": round(seconds, 3),
+            },
+        )
         # Parked even if the release found the claim gone: an extra message is harmless.
         return Redelay(amqp.lane_of(row.urgent), seconds)
 

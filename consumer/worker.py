@@ -14,7 +14,6 @@ their messages handed back; requests already on the wire are awaited.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -351,18 +350,15 @@ class Worker:
         remaining = max((until - row.now).total_seconds(), 0.0) if until else 0.0
         remaining = max(remaining, row.early_seconds)
         self._metrics.redelays.add(1, {"state": row.state.value})
-        held_back = self._redelay_lines.admit(row.state.value)  # one INFO line a minute
-        level = logging.DEBUG if held_back is None else logging.INFO
-        if log.isEnabledFor(level):
-            log.log(
-                level,
-                "message parked until its row is due",
-                extra={
-                    "event": "redelay",
-                    "delivery_id": row.id,
-                    "state": row.state.value,
-                    "remaining_seconds": round(remaining, 3),
-                    "held_back": held_back or 0,
-                },
-            )
+        self._redelay_lines.log(  # one INFO line a minute per state, the rest at DEBUG
+            log,
+            row.state.value,
+            "message parked until its row is due",
+            {
+                "event": "redelay",
+                "delivery_id": row.id,
+                "state": row.state.value,
+                "remaining_seconds": round(remaining, 3),
+            },
+        )
         return Redelay(lane, remaining)

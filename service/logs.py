@@ -97,6 +97,13 @@ class OnePerInterval:
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
+    def log(self, logger: logging.Logger, kind: str, message: str, fields: dict[str, Any]) -> None:
+        """``message`` at INFO if admitted, with ``held_back``; else at DEBUG."""
+        held_back = self.admit(kind)
+        level = logging.DEBUG if held_back is None else logging.INFO
+        if logger.isEnabledFor(level):
+            logger.log(level, message, extra={**fields, "held_back": held_back or 0})
+
     def admit(self, kind: str) -> int | None:
         """None: hold this line back; else how many of its kind were held back since the
         last one admitted."""
