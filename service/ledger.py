@@ -198,9 +198,8 @@ _CLAIMED_COLUMNS = tuple(
 
 
 def _claimed(r: asyncpg.Record) -> Claimed:
-    names = _CLAIMED_COLUMNS
     target = Target(tuple(r["secrets"]), r["envelope"], r["event_type"], r["failure_streak"])
-    return Claimed(**{n: r[n] for n in names}, facts=_facts(r), target=target)
+    return Claimed(**{n: r[n] for n in _CLAIMED_COLUMNS}, facts=_facts(r), target=target)
 
 
 async def claim(

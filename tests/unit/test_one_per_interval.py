@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from service.logs import OnePerInterval
 
 
@@ -23,26 +25,15 @@ def test_first_line_per_kind_per_interval_then_the_count_held_back() -> None:
     assert lines.admit("rate budget exhausted") == 0
 
 
-def test_log_writes_the_admitted_line_at_info_and_the_rest_at_debug() -> None:
-    class Keep(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(logging.DEBUG)
-            self.records: list[logging.LogRecord] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.records.append(record)
-
-    logger = logging.getLogger("relay.test_one_per_interval")
-    keep = Keep()
-    logger.addHandler(keep)
-    logger.setLevel(logging.DEBUG)
-    try:
-        lines = OnePerInterval(60.0, monotonic=lambda: 0.0)
-        for n in range(3):
-            lines.log(logger, "held", "deferred", {"event": "deferred", "n": n})
-    finally:
-        logger.removeHandler(keep)
-    assert [(r.levelno, r.n, r.held_back) for r in keep.records] == [  # type: ignore[attr-defined]
+def test_log_writes_the_admitted_line_at_info_and_the_rest_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    name = "test_one_per_interval"
+    caplog.set_level(logging.DEBUG, logger=name)
+    lines = OnePerInterval(60.0, monotonic=lambda: 0.0)
+    for n in range(3):
+        lines.log(logging.getLogger(name), "held", "deferred", {"event": "deferred", "n": n})
+    assert [(r.levelno, r.n, r.held_back) for r in caplog.records] == [  # type: ignore[attr-defined]
         (logging.INFO, 0, 0),
         (logging.DEBUG, 1, 0),
         (logging.DEBUG, 2, 0),
