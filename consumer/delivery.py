@@ -51,9 +51,6 @@ _UNREADABLE = "destination secret unreadable"
 _RECHECK_AFTER_SECONDS = 0.05
 # A channel this replica cannot send through: let a replica that can take it meanwhile.
 _UNCONFIGURED_DEFER_SECONDS = 30.0
-# A repeating condition (a channel not configured, a held destination) logs at INFO or
-# ERROR once per reason per minute, the rest at DEBUG or not at all.
-_REPEAT_LOG_EVERY_SECONDS = 60.0
 
 
 class Deliverer:
@@ -84,8 +81,8 @@ class Deliverer:
         self._rng = rng
         self._crash = crash or CrashPoints()
         self._now = monotonic
-        self._error_lines = logs.OnePerInterval(_REPEAT_LOG_EVERY_SECONDS, monotonic)
-        self._deferral_lines = logs.OnePerInterval(_REPEAT_LOG_EVERY_SECONDS, monotonic)
+        self._error_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
+        self._deferral_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
         self._targets = targets or DestinationPolicy()
         self._failing: set[str] = set()  # destinations this process saw fail lately
 

@@ -89,7 +89,7 @@ class Worker:
         self._no_new_requests = asyncio.Event()
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._last_progress = monotonic()
-        self._redelay_lines = logs.OnePerInterval(60.0, monotonic)
+        self._redelay_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
 
     @property
     def in_flight(self) -> int:

@@ -80,6 +80,11 @@ def get(name: str) -> logging.Logger:
     return logging.getLogger(f"relay.{name}")
 
 
+# A condition repeating per message (a channel not configured, a held destination) logs at
+# INFO or ERROR once per reason in this many seconds, the rest at DEBUG or not at all.
+REPEAT_EVERY_SECONDS = 60.0
+
+
 class OnePerInterval:
     """The first line of each kind per interval, and how many were held back before it.
 
