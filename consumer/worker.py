@@ -30,15 +30,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from consumer.acks import GroupedAcks
 from consumer.delivery import Deliverer
-from consumer.dispositions import (
-    Ack,
-    DeadLetter,
-    Disposition,
-    GiveBack,
-    Leave,
-    Redelay,
-    Requeue,
-)
+from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Leave, Redelay, Requeue
 from consumer.incoming import Incoming
 from consumer.store import Store
 from service import amqp, errors, ledger, logs, messages, telemetry
@@ -97,6 +89,7 @@ class Worker:
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._last_progress = monotonic()
         self.left_to_broker = 0  # settled after their channel closed: the broker has them
+        self._closed = False
         self._redelay_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
 
     @property
@@ -115,6 +108,8 @@ class Worker:
 
     def accept(self, message: Incoming) -> None:
         """The consume callback: handle ``message`` in a task of ours, tracked for drains."""
+        if self._closed:
+            return  # delivered as the session closed: the broker gets it back with the channel
         if not self._in_flight:
             self._last_progress = self._now()  # idle until now is not a stall
         if self._acks is not None and message.delivery_tag is not None:
@@ -161,6 +156,7 @@ class Worker:
     async def close(self, timeout_seconds: float) -> None:
         """Cancel what is still running (its messages return to the broker), then stop
         the grouped writers: both within ``timeout_seconds``."""
+        self._closed = True
         for task in list(self._in_flight):
             task.cancel()
         if self._in_flight:

@@ -298,12 +298,21 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
             await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
         code = await rs.stop(consumer)
     assert code == 0
+    await _alarm_cost_nothing(settings, pool, partner, module_rabbit, log_path, redelivered_before)
+
+
+async def _alarm_cost_nothing(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    partner: RunningPartner,
+    rabbit: RabbitNode,
+    log_path: Path,
+    redelivered_before: int,
+) -> None:
     assert len(_log(log_path, "consume_started")) == 1  # one session throughout
     assert _log(log_path, "broker_reconnect") == []
     assert _log(log_path, "publish_failed") == []
-    redelivered = await asyncio.to_thread(
-        module_rabbit.quorum_counter, "messages_redelivered_total"
-    )
+    redelivered = await asyncio.to_thread(rabbit.quorum_counter, "messages_redelivered_total")
     assert redelivered == redelivered_before  # nothing moved toward x-delivery-limit
     assert await rs.states(pool) == {"delivered": ALARM_ROWS}
     outcomes = await _outcomes(pool)
