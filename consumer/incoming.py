@@ -1,16 +1,15 @@
 """Delivery messages as the worker reads them, straight from aiormq's frames.
 
 aio-pika's ``Queue.consume`` wraps every delivered message in an ``IncomingMessage`` (some
-thirty attribute writes, each through a checking ``__setattr__``) and runs the callback
-in a second task beside aiormq's own. The worker reads five fields and needs two verbs,
-so it consumes on the channel's aiormq underlay and reads them off the frame: one task
-and one small object per message (``docs/benchmarks.md``). The channel, its QoS, the
-queue declarations and the publisher stay aio-pika's.
+thirty attribute writes, each through a checking ``__setattr__``). The worker reads five
+fields and needs two verbs, so it consumes on the channel's aiormq underlay and reads
+them off the frame: one small object per message (``docs/benchmarks.md``). The channel,
+its QoS, the queue declarations and the publisher stay aio-pika's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiormq
@@ -33,6 +32,11 @@ class Incoming:
         self._message = message
 
     @property
+    def settleable(self) -> bool:
+        """False once the channel it came on closed: the broker has put it back already."""
+        return not self._message.channel.is_closed
+
+    @property
     def headers(self) -> dict[str, Any]:
         return self._message.header.properties.headers or {}
 
@@ -48,13 +52,15 @@ class Incoming:
 async def consume(
     channel: aiormq.abc.AbstractChannel,
     queue: str,
-    handle: Callable[[Incoming], Awaitable[None]],
+    accept: Callable[[Incoming], None],
 ) -> str:
-    """Start consuming ``queue`` (manual acks); every message is handled in aiormq's own
-    task for it. Returns the consumer tag, for ``basic_cancel``."""
+    """Start consuming ``queue`` (manual acks); ``accept`` takes each message and must not
+    wait: aiormq runs it in a task of the channel's, which it cancels when the channel
+    closes, so the work itself belongs in a task of the caller's. Returns the consumer
+    tag, for ``basic_cancel``."""
 
     async def on_delivered(message: DeliveredMessage) -> None:
-        await handle(Incoming(message))
+        accept(Incoming(message))
 
     ok = await channel.basic_consume(queue, on_delivered, no_ack=False)
     assert ok.consumer_tag is not None

@@ -1,17 +1,20 @@
 """``relay consume``: the composition root of a consumer process.
 
-Builds settings -> channels -> pool -> broker connection, topology and publisher ->
-database watch -> budgets -> store, gate, deliverer, worker -> consume channel -> health
-endpoints -> sampler, each registered on one ``AsyncExitStack`` so every exit path closes
-what was opened, in reverse order, within a deadline.
+Builds settings -> channels -> pool -> health endpoints, then broker sessions: broker
+connection, topology and publisher -> database watch -> budgets -> store, gate,
+deliverer, worker -> consume channel -> sampler, each registered on one
+``AsyncExitStack`` so every exit path closes what was opened, in reverse order, within a
+deadline.
 
 One shutdown protocol for every cause: SIGTERM/SIGINT (exit 0); the broker connection, the
 consume channel or the publisher channel closed, the consumer cancelled by the broker, a
-publish not confirmed (the session ends and a new one connects to the broker's nodes in
-turn, in the same process; exit 3 if none can be used), or the database unreachable past
-its bound (exit 3, and the orchestrator restarts the pod). Stop intake -> give back claims
-that cannot finish -> await requests already sent -> close. It always ends within the
-shutdown grace period plus a few seconds, whatever the servers do.
+publish not confirmed (the session ends and new ones are tried with backoff,
+``consumer/reconnect.py``, in the same process; exit 3 past
+``RELAY_BROKER_OUTAGE_MAX_SECONDS``), or the database unreachable past its bound (exit 3,
+and the orchestrator restarts the pod). Stop intake -> give back claims that cannot
+finish -> await requests already sent -> close. It always ends within the shutdown grace
+period plus a few seconds, whatever the servers do. A broker alarm (the connection
+blocked) pauses intake instead, and resumes it when the alarm clears.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -30,11 +34,11 @@ import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from opentelemetry import trace
 
-from consumer import build, health, incoming, sampler, worker
+from consumer import build, health, incoming, probes, reconnect, sampler, worker
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
-from service import amqp, brokers, db, errors, logs
+from service import alarms, amqp, db, errors, logs
 from service.settings import Settings
 from service.telemetry import Metrics
 
@@ -44,35 +48,40 @@ log = logs.get("consumer")
 # the grace period plus _AFTER_GRACE_SECONDS.
 _CLOSE_STEP_SECONDS = 2.0
 _AFTER_GRACE_SECONDS = 3.0
-# Pauses before each attempt to connect again after the broker was lost (s).
-_RECONNECT_PAUSES = (0.5, 1.0, 2.0, 4.0)
 _DATABASE_GONE = "database unreachable"
-_OPEN_FAILED: tuple[type[BaseException], ...] = (errors.UnavailableError, *brokers.NODE_ERRORS)
 
 
 class Failure:
-    """Why a session must end (first cause wins); sets ``stop``. A broker failure is
-    followed by a new session, a database one by exit 3."""
+    """Why a session must end (first cause wins); sets ``stop``. A broker failure of a
+    session that consumed begins an ``Outage`` (new sessions follow), a database one is
+    exit 3. A failure while the session is still opening is only that attempt's."""
 
     def __init__(self, stop: asyncio.Event) -> None:
         self._stop = stop
         self.reason: str | None = None
         self.closing = False  # our own close also closes channels: not a failure
+        self.outage: reconnect.Outage | None = None
+        self._live = False  # consuming began
 
     def fail(self, reason: str) -> None:
         if self.closing:
             return
         if self.reason is None:
             self.reason = reason
-            log.error(
-                "stopping: server failure", extra={"event": "server_failure", "reason": reason}
-            )
+            if reason == _DATABASE_GONE:
+                log.error(
+                    "stopping: server failure",
+                    extra={"event": "server_failure", "reason": reason},
+                )
+            elif self._live:
+                self.outage = reconnect.Outage(reason)
         self._stop.set()
 
-    @property
-    def reconnect(self) -> bool:
-        """The broker failed, not the database: a new connection may cure it."""
-        return self.reason is not None and self.reason != _DATABASE_GONE
+    def consuming(self) -> None:
+        """Consuming began: from now on a broker failure is an outage of this process."""
+        self._live = True
+        if self.reason is not None and self.reason != _DATABASE_GONE and self.outage is None:
+            self.outage = reconnect.Outage(self.reason)
 
     @property
     def exit_code(self) -> int:
@@ -124,7 +133,7 @@ class _Parts:
     pool: asyncpg.Pool
     adapters: Mapping[str, Channel]
     metrics: Metrics
-    render_metrics: health.MetricsRender | None
+    probes: probes.Probes
     tracer: trace.Tracer | None
 
 
@@ -136,13 +145,15 @@ async def run(
     channels: Mapping[str, Channel] | None = None,
     stop: asyncio.Event | None = None,
     tracer: trace.Tracer | None = None,
+    rng: Callable[[], float] = random.random,
 ) -> int:
     """Consume until SIGTERM/SIGINT (or until ``stop`` is set); return the exit code.
 
-    Losing the broker (a cluster node gone, a channel closed) ends one session: its
-    messages go back as on any failure, and a new session connects to the nodes in turn
-    in the same process, keeping the pool and the adapters. The process ends with exit 3
-    only when no node can be used, or the database is unreachable past its bound.
+    Losing the broker (a node gone, a channel closed) ends one session: its work in
+    flight finishes and is recorded, and new sessions are tried with jittered backoff
+    (``rng``) in the same process, keeping the pool, the adapters and the health
+    endpoint. The process ends with exit 3 only when the broker stays unusable past
+    ``RELAY_BROKER_OUTAGE_MAX_SECONDS``, or the database past its own bound.
     """
     async with contextlib.AsyncExitStack() as stack:
         if stop is None:
@@ -154,47 +165,39 @@ async def run(
             stack.push_async_callback(closing.within, adapter.close)
         pool = await db.create_pool(settings)
         stack.push_async_callback(closing.within, lambda: db.close_pool(pool, closing.seconds()))
-        parts = _Parts(settings, pool, adapters, metrics, render_metrics, tracer)
-        failure = await _session(parts, stop, closing)
-        while failure.reconnect and not stop.is_set():
+        health_probes = probes.Probes(settings)
+        await _serve_health(stack, settings, health_probes, render_metrics, closing)
+        parts = _Parts(settings, pool, adapters, metrics, health_probes, tracer)
+        failure: Failure | None = await _session(parts, stop, closing, lambda: None)
+        previous: reconnect.Outage | None = None
+        while failure is not None and failure.outage is not None and not stop.is_set():
             closing.deadline = None
-            failure = await _reconnect(parts, stop, closing, failure)
-        return failure.exit_code
+            failure.outage.follows(previous)
+            previous = failure.outage
+            failure = await reconnect.until_back(
+                functools.partial(_session, parts, stop, closing),
+                failure.outage,
+                stop,
+                max_seconds=settings.broker_outage_max_seconds,
+                random=rng,
+            )
+        return failure.exit_code if failure is not None else errors.ExitCode.OK
     raise AssertionError("unreachable")  # the exit stack never swallows an exception
 
 
-async def _reconnect(
-    parts: _Parts, stop: asyncio.Event, closing: Closing, lost: Failure
+async def _session(
+    parts: _Parts, stop: asyncio.Event, closing: Closing, on_consuming: Callable[[], None]
 ) -> Failure:
-    """A new session after the broker was lost; a few rounds over the nodes (a cluster
-    elects new queue leaders within seconds) before giving up with the last error."""
-    log.warning(
-        "broker lost; reconnecting",
-        extra={"event": "broker_reconnect", "reason": lost.reason},
-    )
-    for attempt, pause in enumerate(_RECONNECT_PAUSES, 1):
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), pause)
-        if stop.is_set():
-            return Failure(stop)  # asked to stop meanwhile: a clean exit
-        try:
-            return await _session(parts, stop, closing)
-        except _OPEN_FAILED as exc:  # no node, or one still electing its queue leaders
-            if attempt == len(_RECONNECT_PAUSES):
-                if isinstance(exc, errors.UnavailableError):
-                    raise
-                raise errors.UnavailableError(f"broker unusable: {type(exc).__name__}") from exc
-    raise AssertionError("unreachable")
-
-
-async def _session(parts: _Parts, stop: asyncio.Event, closing: Closing) -> Failure:
-    """One broker connection's life: open, consume until stopped or failed, shut down."""
+    """One broker connection's life: open, consume until stopped or failed, shut down.
+    Raises (``reconnect.OPEN_FAILED``) if it cannot be opened; nothing was taken then."""
     settings, metrics = parts.settings, parts.metrics
     halt = asyncio.Event()  # this session ends: stop asked, or a failure
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(_cancel_task, asyncio.create_task(_follow(stop, halt)))
         failure = Failure(halt)
         connection, publisher = await _open_broker(stack, settings, failure, closing)
+        blocked = alarms.watch(connection)
+        publisher.blocked = blocked  # an alarm is not a confirm timeout
         watch = DatabaseWatch(
             parts.pool,
             outage_max_seconds=settings.database_outage_max_seconds,
@@ -207,16 +210,23 @@ async def _session(parts: _Parts, stop: asyncio.Event, closing: Closing) -> Fail
             settings, parts.pool, watch, publisher, parts.adapters, metrics, parts.tracer, acks,
             on_broker_failure=lambda: failure.fail("publish not confirmed"),
         )  # fmt: skip
+        # Cancels what is left after the drain (or after a failed open), stops the writers.
+        stack.push_async_callback(closing.within, lambda: work.close(closing.seconds()))
         consuming = asyncio.Event()
-        probes = _Probes(settings, connection, consume_channel, publisher, watch, work, consuming)
-        await _serve_health(stack, settings, probes, parts.render_metrics, closing)
+        blocked.listen(functools.partial(_alarm, work, blocked, metrics, consuming))
+        parts.probes.attach(
+            probes.Session(connection, consume_channel, publisher, watch, work, consuming)
+        )
+        stack.callback(parts.probes.detach)
         async with asyncio.timeout(settings.amqp_timeout_seconds):
             tags = [
-                await incoming.consume(underlay, queue, work.on_message)
+                await incoming.consume(underlay, queue, work.accept)
                 for queue in _lane_queues(settings)
             ]
+        failure.consuming()
         consuming.set()
         metrics.snapshot.ready = True
+        on_consuming()
         sampling = sampler.run_sampler(
             parts.pool,
             connection,
@@ -235,6 +245,32 @@ async def _session(parts: _Parts, stop: asyncio.Event, closing: Closing) -> Fail
     raise AssertionError("unreachable")  # the exit stack never swallows an exception
 
 
+def _alarm(
+    work: worker.Worker,
+    blocked: alarms.Blocked,
+    metrics: Metrics,
+    consuming: asyncio.Event,
+    is_blocked: bool,
+    reason: str,
+) -> None:
+    """The broker blocked this connection (a memory or disk alarm) or unblocked it:
+    intake pauses, then resumes; claimed work goes on, its publishes wait the alarm out.
+    Not a session failure: a new connection would be blocked the same way."""
+    metrics.snapshot.ready = consuming.is_set() and not is_blocked
+    if is_blocked:
+        work.pause()
+        log.warning(
+            "broker alarm: connection blocked; intake paused",
+            extra={"event": "broker_blocked", "reason": reason, "in_flight": work.in_flight},
+        )
+    else:
+        work.resume()
+        log.info(
+            "broker alarm cleared; intake resumed",
+            extra={"event": "broker_unblocked", "blocked_seconds": round(blocked.seconds(), 3)},
+        )
+
+
 async def _follow(stop: asyncio.Event, halt: asyncio.Event) -> None:
     await stop.wait()
     halt.set()
@@ -243,53 +279,20 @@ async def _follow(stop: asyncio.Event, halt: asyncio.Event) -> None:
 async def _serve_health(
     stack: contextlib.AsyncExitStack,
     settings: Settings,
-    probes: _Probes,
+    health_probes: probes.Probes,
     render_metrics: health.MetricsRender | None,
     closing: Closing,
 ) -> None:
     if settings.health_port:
         try:
             runner = await health.serve(
-                health.build_app(probes.ready, probes.live, render_metrics),
+                health.build_app(health_probes.ready, health_probes.live, render_metrics),
                 settings.health_host,
                 settings.health_port,
             )
         except OSError as exc:  # taken since check_health_port looked: the same one line
             raise health.port_error(settings, exc) from None
         stack.push_async_callback(closing.within, runner.cleanup)
-
-
-@dataclass(frozen=True)
-class _Probes:
-    """Readiness and liveness of this process, for the health endpoints."""
-
-    settings: Settings
-    connection: AbstractConnection
-    consume_channel: AbstractChannel
-    publisher: amqp.ConfirmedPublisher
-    watch: DatabaseWatch
-    work: worker.Worker
-    consuming: asyncio.Event
-
-    async def ready(self) -> tuple[bool, dict[str, bool]]:
-        """Every channel open, the database answering, and consuming."""
-        broker_ok = not (
-            self.connection.is_closed or self.consume_channel.is_closed or self.publisher.closed
-        )
-        db_ok = await self.watch.check()
-        consuming = self.consuming.is_set()
-        ok = broker_ok and db_ok and consuming
-        return ok, {"broker": broker_ok, "database": db_ok, "consuming": consuming}
-
-    def live(self) -> tuple[bool, dict[str, float]]:
-        """Progress is possible: no outage past its bound, held messages keep finishing."""
-        outage, stalled = self.watch.outage_seconds, self.work.stalled_for()
-        ok = outage <= self.settings.database_outage_max_seconds
-        ok = ok and stalled <= self.settings.liveness_stall_seconds
-        return ok, {
-            "database_outage_seconds": round(outage, 3),
-            "stalled_seconds": round(stalled, 3),
-        }
 
 
 async def _open_broker(
@@ -350,26 +353,32 @@ async def _shutdown(
     grace_end = started + settings.shutdown_grace_seconds
     closing.deadline = grace_end + _AFTER_GRACE_SECONDS
     work.stop_intake(grace_ends_at=grace_end)
+    drain_end, last_end = grace_end - 1.0, grace_end
     if failure.reason is not None:
         work.give_back_now()  # a server failed: waiting for budget or slots is pointless
+    if failure.outage is not None:
+        # Only requests already on the wire are awaited (their outcome written): each
+        # ends within its timeout. Then the next session may begin.
+        drain_end = min(drain_end, started + settings.http_timeout_seconds + _CLOSE_STEP_SECONDS)
+        last_end = drain_end + 1.0
     if not consume_channel.is_closed:
         for tag in tags:
             await closing.within(functools.partial(underlay.basic_cancel, tag))
     # Requests on the wire finish (HTTP timeout < grace); claims that could not start
     # are released and handed back before the end of grace.
-    drained = await work.drain(grace_end - 1.0)
+    drained = await work.drain(drain_end)
     watch.close()  # statements still waiting out an outage give up: their work goes back
-    drained = await work.drain(grace_end) or drained
+    drained = await work.drain(last_end) or drained
     log.info(
         "consumer stopping",
         extra={
             "event": "consume_stopping",
             "drained": drained,
             "left": work.in_flight,
+            "left_to_broker": work.left_to_broker,
             "reason": failure.reason or "signal",
         },
     )
-    await work.close(closing.seconds())
 
 
 async def check(settings: Settings) -> int:

@@ -6,9 +6,14 @@ publish the retry copy or the dead letter with a confirm, and **only then ack**.
 anywhere before the ack means redelivery; the claim (with its lease and attempt fence)
 and the receiver's idempotency key make a redelivery harmless.
 
+Each message runs in a task this worker owns (``accept``), not in aiormq's, which it
+cancels when the channel closes (cutting a request on the wire). So a lost channel ends
+a session through the shutdown SIGTERM takes: work in flight finishes and is recorded.
+
 Shutdown (``stop_intake`` then ``drain`` then ``close``): no new claims; claims whose
 request cannot finish within the grace period are released without an attempt and
-their messages handed back; requests already on the wire are awaited.
+their messages handed back; requests already on the wire are awaited. A broker alarm
+``pause``s intake: new messages wait unclaimed until ``resume``.
 """
 
 from __future__ import annotations
@@ -25,15 +30,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from consumer.acks import GroupedAcks
 from consumer.delivery import Deliverer
-from consumer.dispositions import (
-    Ack,
-    DeadLetter,
-    Disposition,
-    GiveBack,
-    Leave,
-    Redelay,
-    Requeue,
-)
+from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Leave, Redelay, Requeue
 from consumer.incoming import Incoming
 from consumer.store import Store
 from service import amqp, errors, ledger, logs, messages, telemetry
@@ -87,31 +84,48 @@ class Worker:
         self._tracing = telemetry.is_recording(self._tracer)
         self._now = monotonic
         self._no_new_requests = asyncio.Event()
+        self._intake_open = asyncio.Event()  # cleared while a broker alarm pauses intake
+        self._intake_open.set()
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._last_progress = monotonic()
+        self.left_to_broker = 0  # settled after their channel closed: the broker has them
+        self._closed = False
         self._redelay_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
 
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def paused(self) -> bool:
+        return not self._intake_open.is_set()
+
     def stalled_for(self) -> float:
         """Seconds since a message was last settled while messages are held (else 0)."""
-        return self._now() - self._last_progress if self._in_flight else 0.0
+        if not self._in_flight or self.paused:
+            return 0.0
+        return self._now() - self._last_progress
 
-    async def on_message(self, message: Incoming) -> None:
-        """The consume callback, already run in its own task: track it for the drain."""
-        task = asyncio.current_task()
-        assert task is not None
+    def accept(self, message: Incoming) -> None:
+        """The consume callback: handle ``message`` in a task of ours, tracked for drains."""
+        if self._closed:
+            return  # delivered as the session closed: the broker gets it back with the channel
         if not self._in_flight:
             self._last_progress = self._now()  # idle until now is not a stall
-        self._in_flight.add(task)
         if self._acks is not None and message.delivery_tag is not None:
             self._acks.opened(message.delivery_tag)
-        try:
-            await self.handle(message)
-        finally:
-            self._in_flight.discard(task)
+        task = asyncio.get_running_loop().create_task(self.handle(message))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    def pause(self) -> None:
+        """A broker alarm: claim nothing more until ``resume``; claimed work goes on."""
+        self._intake_open.clear()
+
+    def resume(self) -> None:
+        if self.paused:
+            self._last_progress = self._now()  # the pause was not a stall
+            self._intake_open.set()
 
     # ------------------------------------------------------------------ shutdown
 
@@ -142,6 +156,7 @@ class Worker:
     async def close(self, timeout_seconds: float) -> None:
         """Cancel what is still running (its messages return to the broker), then stop
         the grouped writers: both within ``timeout_seconds``."""
+        self._closed = True
         for task in list(self._in_flight):
             task.cancel()
         if self._in_flight:
@@ -169,6 +184,11 @@ class Worker:
         self._last_progress = self._now()
 
     async def _settle(self, message: Incoming, disposition: Disposition) -> None:
+        if not message.settleable:
+            # Its channel closed: the broker put it back, so no ack, nack or copy (a
+            # second message). Its redelivery reads what was done from the ledger.
+            self.left_to_broker += 1
+            return
         trace_headers = telemetry.trace_headers(message.headers)
         try:
             match disposition:
@@ -279,6 +299,8 @@ class Worker:
             span.set_attribute("relay.poison", str(exc))
             return self._poison(str(exc))
         span.set_attribute("relay.delivery_id", decoded.delivery_id)
+        if self.paused and not await self._until_resumed():
+            return GiveBack(lane)
         if self._stopping.is_set():
             return GiveBack(lane)  # not started: hand it back untouched
         claimed_at = self._now()  # before the claim: the lease ends no earlier
@@ -300,6 +322,16 @@ class Worker:
         return await self._deliverer.deliver(
             result, claimed_at=claimed_at, no_new_requests=self._no_new_requests
         )
+
+    async def _until_resumed(self) -> bool:
+        """Wait out a pause; False if shutdown began meanwhile."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._intake_open, self._stopping)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return not self._stopping.is_set()
 
     async def _wait_unless_stopping(self, seconds: float) -> bool:
         """Sleep ``seconds``; False if shutdown began meanwhile."""

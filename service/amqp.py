@@ -31,7 +31,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from service import brokers, errors, messages, servers
+from service import alarms, brokers, errors, messages, servers
 from service.settings import Settings
 
 # A delivery due sooner than this goes straight to its lane.
@@ -219,6 +219,7 @@ class ConfirmedPublisher:
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._timeout = confirm_timeout_seconds
         self._exchanges: dict[str, AbstractExchange] = {}
+        self.blocked: alarms.Blocked | None = None  # set: time blocked is not confirm time
 
     @classmethod
     async def open(
@@ -255,7 +256,8 @@ class ConfirmedPublisher:
         )
         async with self._in_flight:
             try:
-                await exchange.publish(message, routing_key, mandatory=True, timeout=self._timeout)
+                publishing = exchange.publish(message, routing_key, mandatory=True)
+                await alarms.confirmed(publishing, self._timeout, self.blocked)
             except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
                 raise errors.PublishError(f"publish not confirmed: {type(exc).__name__}") from exc
 

@@ -196,3 +196,13 @@ _TRANSPORT_FILTER = _TransportErrorFilter()
 def quiet_transport_errors() -> None:
     # Installed on first use, not at import (no import-time side effects); idempotent.
     logging.getLogger("aiormq.connection").addFilter(_TRANSPORT_FILTER)
+
+
+def os_user() -> str:
+    """The user this process runs as: asyncpg's default database user."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "postgres"

@@ -103,6 +103,12 @@ class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSetting
         "replica of each queue the relay creates (3 on a 3-node cluster). 0: not sent, the "
         "broker's default. Only a new queue takes it; an existing one keeps its members.",
     )
+    broker_outage_max_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a consumer that lost the broker keeps reconnecting (backoff "
+        "0.5 s doubling to 30 s, jittered) before it exits with code 3 (s).",
+    )
     amqp_delivery_limit: int = Field(
         default=20,
         ge=1,
@@ -346,7 +352,7 @@ class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSetting
         url, schemes = self.database_url.get_secret_value(), ("postgresql", "postgres")
         address = servers.parse_server_url(url, schemes, 5432, several_hosts=True)
         # asyncpg's defaults: the database is named like the user, the user like the OS user.
-        user = address.user or os.environ.get("PGUSER") or _os_user()
+        user = address.user or os.environ.get("PGUSER") or servers.os_user()
         return servers.ServerAddress(address.hosts, user, address.path or user)
 
     def amqp_address(self) -> servers.ServerAddress:
@@ -388,12 +394,3 @@ def load(**overrides: object) -> Settings:
         raise errors.ConfigError(f"RELAY_{field.upper()}: {message}") from None
     except SettingsError as exc:
         raise errors.ConfigError(str(exc)) from None
-
-
-def _os_user() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "postgres"

@@ -1,0 +1,323 @@
+"""The broker restarted, SIGKILLed or out of memory under a drain (issue 24, items 1-2).
+
+One throwaway RabbitMQ node for the module (each test has its own namespace and
+database); one ``relay consume`` process, an in-process partner that answers fast and
+counts requests per idempotency key. The lease is 600 s, far beyond each test's waits,
+so a row left ``sending`` would stay undelivered here instead of being taken over (and
+its attempt recorded ``lost``) when its lease ran out.
+
+Restart and SIGKILL (a drain of 5,000; the destination's share lets 50 of the 100
+prefetched out at once, so at the break requests are on the wire and claims wait for a
+slot):
+
+- the requests on the wire when the session failed finished and were recorded
+  (``accepted``); the claims waiting were released at once: with the node still down,
+  no row is ``sending`` and each row's attempts equal the requests the partner got;
+- between sessions ``/readyz`` answers 503 and ``/livez`` 200; the process reconnected
+  without exiting, with one WARNING line for the outage and one INFO line for its end;
+- at the end: every row delivered, no ``lost`` attempt, no dead letter, attempts equal
+  to requests per key, and a key sent twice only where an attempt was recorded lost or
+  possibly delivered (here: none).
+
+Alarm: ``set_vm_memory_high_watermark 0.0001`` for 60 s under a drain in which one key
+in ten is answered 503 once (its retry is published, which gets the connection blocked):
+the consumer pauses instead of cycling sessions, the broker redelivers nothing, and every
+delivery reaches the receiver exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from pydantic import SecretStr
+
+from service.ops import partner as partner_mod
+from service.settings import Settings
+from tests.support import relay as rs
+from tests.support.fleet import dead_letters, eventually, get_json
+from tests.support.nodes import RabbitNode, free_port
+from tests.support.relay import RunningPartner
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(420)]
+
+DRAIN_ROWS = 5000
+ALARM_ROWS = 1000
+ALARM_SECONDS = 60.0
+LEASE_SECONDS = 600.0
+
+
+def _settings(settings: Settings, rabbit: RabbitNode) -> Settings:
+    return settings.model_copy(
+        update={
+            "amqp_url": SecretStr(rabbit.url),
+            "lease_seconds": LEASE_SECONDS,
+            "http_timeout_seconds": 5.0,
+            "shutdown_grace_seconds": 10.0,
+            "prefetch": 100,
+            "destination_max_share": 0.5,  # 50 requests on the wire at once, 50 wait
+            "destination_wait_seconds": 60.0,  # for a slot (not deferred meanwhile)
+            "rescue_after_seconds": 3600.0,
+        }
+    )
+
+
+def _log(path: Path, event: str) -> list[dict[str, Any]]:
+    """The consumer's JSON log lines with this ``event``."""
+    if not path.exists():
+        return []
+    found = []
+    for text in path.read_text().splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if line.get("event") == event:
+            found.append(line)
+    return found
+
+
+def _logged(path: Path, event: str) -> Callable[[], Any]:
+    async def seen() -> bool:
+        return bool(_log(path, event))
+
+    return seen
+
+
+async def _prepare(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, rows: int, path: str
+) -> None:
+    lines = [
+        rs.line(f"r{i}", partner.url("flaky" if path == "flaky" and i % 10 == 0 else "drain"))
+        for i in range(rows)
+    ]
+    assert await rs.load(pool, lines) == rows
+    published = await rs.relay(settings, "publish", timeout=120)
+    assert published.code == 0, published.stdout + published.stderr[-2000:]
+
+
+async def _count(pool: asyncpg.Pool, state: str) -> int:
+    return (await rs.states(pool)).get(state, 0)
+
+
+async def _attempts_differ_from_requests(
+    pool: asyncpg.Pool, partner: RunningPartner
+) -> list[tuple[int, int, int]]:
+    """(id, attempts, requests the partner got with its key) where they differ."""
+    rows = await pool.fetch("SELECT id, idempotency_key, attempts FROM deliveries")
+    seen = partner.state.events  # the partner answers 200 to every request here
+    return [
+        (r["id"], r["attempts"], seen.get(r["idempotency_key"], 0))
+        for r in rows
+        if r["attempts"] != seen.get(r["idempotency_key"], 0)
+    ]
+
+
+async def _outcomes(pool: asyncpg.Pool) -> dict[str, int]:
+    rows = await pool.fetch("SELECT outcome, count(*) AS n FROM delivery_attempts GROUP BY 1")
+    return {r["outcome"]: r["n"] for r in rows}
+
+
+async def _resent_without_cause(pool: asyncpg.Pool, partner: RunningPartner) -> list[str]:
+    """Keys the partner got more than once although no attempt of theirs was recorded
+    lost or possibly delivered (the only attempts a resend with the same key may follow)."""
+    excused = {
+        r["idempotency_key"]
+        for r in await pool.fetch(
+            "SELECT DISTINCT d.idempotency_key FROM delivery_attempts a"
+            " JOIN deliveries d ON d.id = a.delivery_id"
+            " WHERE a.outcome = 'lost' OR a.possibly_delivered"
+        )
+    }
+    return [k for k, n in partner.state.events.items() if n > 1 and k not in excused]
+
+
+async def _on_the_wire_at(pool: asyncpg.Pool, moment: datetime) -> dict[str, int]:
+    """Outcomes of the attempts whose request was out at ``moment``."""
+    rows = await pool.fetch(
+        "SELECT outcome, count(*) AS n FROM delivery_attempts"
+        " WHERE started_at <= $1"
+        " AND started_at + latency_ms * interval '1 millisecond' > $1 GROUP BY 1",
+        moment,
+    )
+    return {r["outcome"]: r["n"] for r in rows}
+
+
+async def _drain_through_a_broker_break(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    partner: RunningPartner,
+    rabbit: RabbitNode,
+    log_path: Path,
+    break_broker: Callable[[], None],
+    bring_back: Callable[[], None],
+) -> None:
+    settings = _settings(settings, rabbit)
+    partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=0.2)
+    await _prepare(settings, pool, partner, DRAIN_ROWS, "drain")
+    health_port = free_port()
+    consumer = await rs.start_consumer(settings, log_path, HEALTH_PORT=str(health_port))
+    try:
+
+        async def under_way() -> bool:
+            return await _count(pool, "delivered") >= 1000
+
+        assert await eventually(under_way, 120), "the drain never got under way"
+        await asyncio.to_thread(break_broker)
+        assert await eventually(_logged(log_path, "consume_stopping"), 60), "session never ended"
+        # The node is still down: what the session held was settled or released at once.
+        assert await _count(pool, "sending") == 0, await rs.states(pool)
+        assert await _attempts_differ_from_requests(pool, partner) == []
+        (lost,) = _log(log_path, "broker_reconnect")
+        assert lost["level"] == "WARNING"
+        on_the_wire = await _on_the_wire_at(pool, datetime.fromisoformat(lost["time"]))
+        assert on_the_wire.get("accepted", 0) > 0, on_the_wire  # the point was exercised
+        assert set(on_the_wire) == {"accepted"}, on_the_wire
+        assert _log(log_path, "given_back"), "no claim waiting for a slot at the break"
+        # Between sessions: not ready, but alive (a liveness restart would end the wait).
+        assert (await get_json(health_port, "/readyz"))[0] == 503
+        assert (await get_json(health_port, "/livez"))[0] == 200
+        delivered_at_break = await _count(pool, "delivered")
+        assert delivered_at_break < DRAIN_ROWS
+
+        await asyncio.to_thread(bring_back)
+
+        async def all_delivered() -> bool:
+            return await _count(pool, "delivered") == DRAIN_ROWS
+
+        assert await eventually(all_delivered, 240), await rs.states(pool)
+        assert consumer.returncode is None, "the consumer exited instead of reconnecting"
+    finally:
+        code = await rs.stop(consumer)
+    assert code == 0
+    assert await rs.states(pool) == {"delivered": DRAIN_ROWS}
+    assert await _outcomes(pool) == {"accepted": DRAIN_ROWS}  # no lost, no failed attempt
+    assert await _attempts_differ_from_requests(pool, partner) == []
+    assert await _resent_without_cause(pool, partner) == []
+    assert partner.state.logical_events == DRAIN_ROWS
+    assert await dead_letters(settings.amqp_url.get_secret_value(), settings.amqp_namespace) == []
+    (back,) = _log(log_path, "broker_reconnected")
+    assert back["level"] == "INFO" and back["attempts"] >= 1, back
+    assert len(_log(log_path, "broker_reconnect")) == 1
+    assert len(_log(log_path, "consume_started")) == 2  # the first session and one more
+
+
+async def test_broker_restarted_mid_drain_finishes_sends_releases_waits_and_loses_nothing(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    partner: RunningPartner,
+    module_rabbit: RabbitNode,
+    tmp_path: Path,
+) -> None:
+    await _drain_through_a_broker_break(
+        settings,
+        pool,
+        partner,
+        module_rabbit,
+        tmp_path / "consumer.log",
+        module_rabbit.stop,  # rabbitmqctl stop: the node closes every connection
+        module_rabbit.start,
+    )
+
+
+async def test_broker_sigkilled_mid_drain_finishes_sends_releases_waits_and_loses_nothing(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    partner: RunningPartner,
+    module_rabbit: RabbitNode,
+    tmp_path: Path,
+) -> None:
+    await _drain_through_a_broker_break(
+        settings,
+        pool,
+        partner,
+        module_rabbit,
+        tmp_path / "consumer.log",
+        module_rabbit.kill,
+        module_rabbit.restart,  # cleans up after the kill, then starts on the same data
+    )
+
+
+async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_redeliveries(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    partner: RunningPartner,
+    module_rabbit: RabbitNode,
+    tmp_path: Path,
+) -> None:
+    settings = _settings(settings, module_rabbit)
+    partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=0.5)
+    # One key in ten: 503 on its first request, so its retry is published (a publishing
+    # connection is what the broker blocks), then 200.
+    partner.state.rules["flaky"] = partner_mod.PathRule(
+        status=503, first_n_per_key=1, delay_seconds=0.5
+    )
+    await _prepare(settings, pool, partner, ALARM_ROWS, "flaky")
+    log_path = tmp_path / "consumer.log"
+    redelivered_before = await asyncio.to_thread(
+        module_rabbit.quorum_counter, "messages_redelivered_total"
+    )
+    consumer = await rs.start_consumer(settings, log_path)
+    alarm_on = False
+    try:
+
+        async def under_way() -> bool:
+            return await _count(pool, "delivered") >= ALARM_ROWS // 4
+
+        assert await eventually(under_way, 120), "the drain never got under way"
+        await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.0001")
+        alarm_on = True
+        assert await eventually(_logged(log_path, "broker_blocked"), 30), (
+            "the consumer's connection was never blocked"
+        )
+
+        async def session_cycled() -> bool:
+            return consumer.returncode is not None or bool(_log(log_path, "consume_stopping"))
+
+        # Held for its whole length (past the confirm timeout and the heartbeat window),
+        # watching that the session neither ends nor the process exits meanwhile.
+        assert not await eventually(session_cycled, ALARM_SECONDS), "the session ended"
+        assert await _count(pool, "delivered") < ALARM_ROWS, "drained before the alarm ended"
+        await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
+        alarm_on = False
+        assert await eventually(_logged(log_path, "broker_unblocked"), 30), "never unblocked"
+
+        async def all_delivered() -> bool:
+            return await _count(pool, "delivered") == ALARM_ROWS
+
+        assert await eventually(all_delivered, 120), await rs.states(pool)
+        assert consumer.returncode is None, "the consumer exited during the alarm"
+    finally:
+        if alarm_on:
+            await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
+        code = await rs.stop(consumer)
+    assert code == 0
+    await _alarm_cost_nothing(settings, pool, partner, module_rabbit, log_path, redelivered_before)
+
+
+async def _alarm_cost_nothing(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    partner: RunningPartner,
+    rabbit: RabbitNode,
+    log_path: Path,
+    redelivered_before: int,
+) -> None:
+    assert len(_log(log_path, "consume_started")) == 1  # one session throughout
+    assert _log(log_path, "broker_reconnect") == []
+    assert _log(log_path, "publish_failed") == []
+    redelivered = await asyncio.to_thread(rabbit.quorum_counter, "messages_redelivered_total")
+    assert redelivered == redelivered_before  # nothing moved toward x-delivery-limit
+    assert await rs.states(pool) == {"delivered": ALARM_ROWS}
+    outcomes = await _outcomes(pool)
+    assert outcomes.get("lost", 0) == 0, outcomes
+    assert outcomes == {"accepted": ALARM_ROWS, "retry": ALARM_ROWS // 10}, outcomes
+    assert all(n == 1 for n in partner.state.events.values())  # exactly once per key
+    assert partner.state.logical_events == ALARM_ROWS
+    assert await dead_letters(settings.amqp_url.get_secret_value(), settings.amqp_namespace) == []
