@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import asyncpg
 import pytest
 
 from service import admission
+from service.ops import reminders
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.receivers import Receiver, receivers
@@ -111,3 +113,73 @@ async def test_edit_to_a_schedule_that_still_has_the_admitted_occurrence_skips_n
         "SELECT timezone, valid_to IS NULL AS current FROM reminder_schedules ORDER BY id"
     )
     assert [(r["timezone"], r["current"]) for r in history] == [("UTC", False), ("Etc/UTC", True)]
+
+
+# ------------------------------------------------------------------------ backfill
+
+
+async def test_backfill_across_a_schedule_change_admits_what_each_schedule_owed_then(
+    settings: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+) -> None:
+    url = receivers[0].url()
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    changed_at = now - timedelta(minutes=5, seconds=30)
+    # Even minutes (UTC) until the change, odd minutes (Berlin) from then on; the loads
+    # are told when they happened (the injected clock), the change 5.5 minutes ago.
+    even = rs.line("r1", url, cron="0-59/2 * * * *")
+    odd = rs.line("r1", url, cron="1-59/2 * * * *", timezone="Europe/Berlin")
+    await reminders.load(pool, [even], rs.LOOPBACK, now=now - timedelta(minutes=20))
+    await reminders.load(pool, [odd], rs.LOOPBACK, now=changed_at)
+    start, end = now - timedelta(minutes=11), now - timedelta(minutes=1)
+    minutes = [start + timedelta(minutes=m) for m in range(11)]
+    before = [at for at in minutes if at < changed_at and at.minute % 2 == 0]
+    after = [at for at in minutes if at >= changed_at and at.minute % 2 == 1]
+    assert len(before) == 3 and len(after) in (2, 3)
+    expected = before + after
+
+    window = ("--reminder", "r1", "--from", start.isoformat(), "--to", end.isoformat())
+    dry = await _backfill(settings, *window)
+    listed = [(o["occurrence_at"], o["timezone"], o["action"]) for o in dry["occurrences"]]
+    assert listed == [(at.isoformat(), "UTC", "new") for at in before] + [
+        (at.isoformat(), "Europe/Berlin", "new") for at in after
+    ]
+    berlin = [o["local"] for o in dry["occurrences"] if o["timezone"] == "Europe/Berlin"]
+    assert berlin == [at.astimezone(ZoneInfo("Europe/Berlin")).isoformat() for at in after]
+    assert (dry["in_window"], dry["new"], dry["already"]) == (len(expected),) * 2 + (0,)
+    text = await rs.relay(settings, "backfill", *window)
+    assert text.code == 0, text.stderr
+    shown = [line.strip() for line in text.stdout.splitlines() if line.startswith("  r1 ")]
+    assert shown == [
+        f"r1 {at:%Y-%m-%dT%H:%M:%SZ} (local {at:%Y-%m-%d %H:%M:%S}+00:00 UTC) webhook new"
+        for at in before
+    ] + [
+        f"r1 {at:%Y-%m-%dT%H:%M:%SZ} (local "
+        f"{at.astimezone(ZoneInfo('Europe/Berlin')).isoformat(sep=' ')} Europe/Berlin) "
+        "webhook new"
+        for at in after
+    ]
+    assert await pool.fetchval("SELECT count(*) FROM deliveries") == 0  # a dry run
+
+    done = await _backfill(settings, *window, "--apply")
+    assert done["occurrences"] == dry["occurrences"]  # the apply admits what the dry run said
+    admitted = await pool.fetch(
+        "SELECT occurrence_at, idempotency_key, state::text AS state FROM deliveries"
+        " WHERE run_id = $1 ORDER BY 1",
+        done["run_id"],
+    )
+    assert [(r["occurrence_at"], r["state"]) for r in admitted] == [
+        (at, "pending") for at in expected
+    ]
+    assert [r["idempotency_key"] for r in admitted] == [
+        admission.schedule_key("r1", at, "webhook") for at in expected
+    ]
+    assert await pool.fetchval("SELECT count(*) FROM deliveries") == len(expected)
+    again = await _backfill(settings, *window, "--apply")
+    assert (again["new"], again["already"], again["occurrences"]) == (0, len(expected), [])
+
+
+async def _backfill(settings: Settings, *args: str) -> dict:  # type: ignore[type-arg]
+    result = await rs.relay(settings, "backfill", *args, "--json")
+    assert result.code == 0, (result.stdout, result.stderr)
+    data: dict = json.loads(result.stdout)  # type: ignore[type-arg]
+    return data
