@@ -36,6 +36,27 @@ class Edited:
     skipped: list[int]  # delivery ids skipped 'rescheduled'
 
 
+@dataclass
+class Tally:
+    """What the edits of a whole load did (summed over its chunks), for its summary line."""
+
+    rescheduled: int = 0  # reminders whose schedule changed
+    skipped: int = 0  # admitted occurrences skipped 'rescheduled'
+
+    def add(self, edited: Edited) -> None:
+        self.rescheduled += len(edited.rescheduled)
+        self.skipped += len(edited.skipped)
+
+    def render(self) -> str:
+        """``""`` when no schedule changed, else what the change did to admitted rows."""
+        if not self.rescheduled:
+            return ""
+        return (
+            f"; schedule changed for {self.rescheduled} "
+            f"({self.skipped} admitted occurrences skipped: rescheduled)"
+        )
+
+
 async def upsert(
     conn: Connection,
     columns: Sequence[Sequence[Any]],

@@ -315,8 +315,10 @@ async def load(
     allow: netpolicy.AllowList,
     now: datetime | None = None,
     registration: destinations.Registration | None = None,
+    tally: edits.Tally | None = None,
 ) -> int:
-    """Validate and upsert a whole file in one transaction; return the number of lines.
+    """Validate and upsert a whole file in one transaction; return the number of lines
+    (``tally``, if given, counts the schedule edits and what they skipped).
 
     ``lines`` are text, or bytes (decoded here as UTF-8, so an invalid byte is reported
     with its line). Lines are read, checked and written in chunks, so memory stays flat
@@ -338,7 +340,9 @@ async def load(
             await _enter_destinations(conn, items, registration, problems)
             if not problems.count and items:
                 schedules = {p.line.id: p.line.schedule() for p in items}
-                await edits.upsert(conn, _columns(items), schedules, when)
+                edited = await edits.upsert(conn, _columns(items), schedules, when)
+                if tally is not None:
+                    tally.add(edited)
                 loaded += len(items)
                 progress.update(loaded)
         progress.finish()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -29,6 +30,15 @@ async def _publish(settings: Settings) -> None:
     assert result.code == 0, result.stderr[-2000:]
 
 
+async def _load(settings: Settings, folder: Path, *lines: str) -> str:
+    """``relay reminders load`` of these lines; its summary line."""
+    path = folder / "reminders.jsonl"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    result = await rs.relay(settings, "reminders", "load", str(path))
+    assert result.code == 0, result.stderr
+    return result.stdout.strip()
+
+
 async def _rows(pool: asyncpg.Pool) -> list[tuple[datetime, str, str | None]]:
     rows = await pool.fetch(
         "SELECT occurrence_at, state::text AS state, skip_reason FROM deliveries ORDER BY 1"
@@ -37,7 +47,7 @@ async def _rows(pool: asyncpg.Pool) -> list[tuple[datetime, str, str | None]]:
 
 
 async def test_reminder_moved_inside_the_lookahead_sends_the_new_occurrence_only(
-    settings: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+    settings: Settings, pool: asyncpg.Pool, receivers: list[Receiver], tmp_path: Path
 ) -> None:
     receiver = receivers[0]
     start = datetime.now(UTC).replace(microsecond=0)
@@ -47,7 +57,10 @@ async def test_reminder_moved_inside_the_lookahead_sends_the_new_occurrence_only
     assert await _rows(pool) == [(old, "queued", None)]
 
     # "I moved it to +40 s": the edit skips the admitted +30 s in its own transaction.
-    await rs.load(pool, [rs.line("r1", receiver.url(), due_at=new)])
+    moved = await _load(settings, tmp_path, rs.line("r1", receiver.url(), due_at=new))
+    assert moved == (
+        "loaded 1 reminders; schedule changed for 1 (1 admitted occurrences skipped: rescheduled)"
+    )
     assert await _rows(pool) == [(old, "skipped", "rescheduled")]
     await _publish(settings)
     assert await _rows(pool) == [(old, "skipped", "rescheduled"), (new, "queued", None)]
@@ -67,12 +80,12 @@ async def _final_and_acked(pool: asyncpg.Pool, consumer: rs.InProcessConsumer) -
     states = await rs.states(pool)
     return (
         states == {"skipped": 1, "delivered": 1}
-        and consumer.metric("relay.delivery.duplicates", state="skipped") == 1
+        and consumer.metric("relay.delivery.duplicates", state="skipped") >= 1
     )
 
 
 async def test_payload_only_edit_inside_the_lookahead_sends_that_occurrence_with_the_new_payload(
-    settings: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+    settings: Settings, pool: asyncpg.Pool, receivers: list[Receiver], tmp_path: Path
 ) -> None:
     receiver = receivers[0]
     due = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=15)
@@ -80,7 +93,8 @@ async def test_payload_only_edit_inside_the_lookahead_sends_that_occurrence_with
     await _publish(settings)  # admitted through the look-ahead
     assert await _rows(pool) == [(due, "queued", None)]
 
-    await rs.load(pool, [rs.line("r1", receiver.url(), due_at=due, payload={"text": "new"})])
+    edit = rs.line("r1", receiver.url(), due_at=due, payload={"text": "new"})
+    assert await _load(settings, tmp_path, edit) == "loaded 1 reminders"
     assert await _rows(pool) == [(due, "queued", None)]  # nothing skipped, nothing new
     versions = await pool.fetchval("SELECT count(*) FROM reminder_schedules")
     assert versions == 1  # the schedule did not change: no new version
