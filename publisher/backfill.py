@@ -1,30 +1,35 @@
 """``relay backfill``: admit, on purpose, the occurrences of a window the ledger lacks.
 
 For one reminder (or every active one) and a window ``[from, to]`` (``to`` at most now),
-each occurrence its schedule has there is looked up by its idempotency key:
+each occurrence the reminder owed there *as it was then* -- piecewise over its schedule
+history (``service.schedule_history``: before an edit the old schedule's occurrences,
+after it the new one's) -- is looked up by its idempotency key:
 
 - no row: inserted ``pending`` as a row of a new run of kind ``backfill``;
 - a row skipped because admission was paused (reason ``paused``): reopened ``pending``
   in that run (the operator decided it is owed after all);
 - any other row (sent, owed, dead, skipped for another reason): left as it is.
 
-So running it twice creates nothing the second time. A dry run (the default) counts the
-same without writing. The rows are published by the next ``relay publish`` (its pending
-sweep) or at once with ``--publish``. The missed-fire policy is not consulted: it governs
-a publisher that was down, and a backfill is an operator's explicit choice.
+So running it twice creates nothing the second time. A dry run (the default) counts and
+lists the occurrences it would admit without writing; applied, it lists those it admitted.
+The rows are published by the next ``relay publish`` (its pending sweep) or at once with
+``--publish``. The missed-fire policy is not consulted: it governs a publisher that was
+down, and a backfill is an operator's explicit choice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from service import admission, amqp, control, db, errors, ledger, runs, schedule
+from service import admission, amqp, control, db, errors, ledger, runs, schedule, schedule_history
 from service.admission import NewDelivery
 from service.ledger import State
 from service.progress import Progress
@@ -33,6 +38,38 @@ from service.settings import Settings
 # Most occurrences one reminder may backfill in one command (a window too wide is refused).
 MAX_PER_REMINDER = 10_000
 _CLOSE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One occurrence a backfill admits (or, in a dry run, would admit)."""
+
+    reminder_id: str
+    occurrence_at: datetime  # UTC
+    timezone: str  # of the schedule that owed it
+    channel: str
+    action: str  # new (inserted) | reopen (skipped 'paused' -> pending)
+
+    def local(self) -> datetime:
+        return self.occurrence_at.astimezone(ZoneInfo(self.timezone))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reminder_id": self.reminder_id,
+            "occurrence_at": self.occurrence_at.isoformat(),
+            "local": self.local().isoformat(),
+            "timezone": self.timezone,
+            "channel": self.channel,
+            "action": self.action,
+        }
+
+    def render(self) -> str:
+        utc = self.occurrence_at.astimezone(UTC)
+        local = self.local().isoformat(sep=" ", timespec="seconds")
+        return (
+            f"{self.reminder_id} {utc:%Y-%m-%dT%H:%M:%SZ} (local {local} {self.timezone}) "
+            f"{self.channel} {self.action}"
+        )
 
 
 @dataclass
@@ -48,11 +85,13 @@ class BackfillSummary:
     published: int = 0
     failed: int = 0  # not confirmed by the broker (left pending for relay publish)
     run_id: int | None = None  # the backfill run, once something was admitted
+    listed: list[Listed] = field(default_factory=list)  # admitted (dry run: would be)
     ready: list[tuple[int, bool, datetime]] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(self.__dict__)
-        del data["ready"]
+        del data["ready"], data["listed"]
+        data["occurrences"] = [item.as_dict() for item in self.listed]
         return data
 
     def render(self) -> str:
@@ -67,6 +106,7 @@ class BackfillSummary:
             text += f" run={self.run_id} published={self.published} failed={self.failed}"
         elif self.apply:
             text += " (nothing to admit: no run recorded)"
+        text += "".join(f"\n  {item.render()}" for item in self.listed)
         if not self.apply:
             text += "\n  dry run: nothing changed; add --apply to do it"
         elif self.published == 0 and self.new + self.reopened:
@@ -74,28 +114,46 @@ class BackfillSummary:
         return text
 
 
-def _owed(row: asyncpg.Record, start: datetime, end: datetime) -> list[NewDelivery]:
-    found = schedule.occurrences(schedule.from_row(row), start, end, MAX_PER_REMINDER + 1)
+@dataclass(frozen=True)
+class _Occurrence:
+    delivery: NewDelivery
+    timezone: str  # of the schedule that owed it
+
+    def listed(self, action: str) -> Listed:
+        d = self.delivery
+        return Listed(d.reminder_id, d.occurrence_at, self.timezone, d.channel, action)
+
+
+async def _owed(
+    pool: asyncpg.Pool, row: asyncpg.Record, start: datetime, end: datetime
+) -> list[_Occurrence]:
+    """What the reminder owed in the window under the schedule in force at each instant
+    (a reminder without a recorded history: its schedule now, as before there was one)."""
+    versions = await schedule_history.versions_of(pool, row["id"])
+    if not versions:
+        versions = [schedule_history.Version(schedule.from_row(row))]
+    found = schedule_history.owed_between(versions, start, end, MAX_PER_REMINDER + 1)
     if len(found) > MAX_PER_REMINDER:
         raise errors.InputError(
             f"reminder {row['id']}: more than {MAX_PER_REMINDER} occurrences in the window; "
             "backfill a narrower one"
         )
-    return [NewDelivery.of(row, at) for at in found]
+    return [_Occurrence(NewDelivery.of(row, o.at), o.schedule.timezone) for o in found]
 
 
 async def _one(pool: asyncpg.Pool, row: asyncpg.Record, summary: BackfillSummary) -> None:
-    owed = _owed(row, summary.start, summary.end)
+    owed = await _owed(pool, row, summary.start, summary.end)
     if not owed:
         return
     summary.in_window += len(owed)
-    have = await control.existing_keys(pool, [o.key for o in owed])
-    missing = [o for o in owed if o.key not in have]
-    paused = [k for k, (state, why) in have.items() if state is State.SKIPPED and why == "paused"]
+    have = await control.existing_keys(pool, [o.delivery.key for o in owed])
+    missing = [o for o in owed if o.delivery.key not in have]
+    paused = [o for o in owed if have.get(o.delivery.key) == (State.SKIPPED, "paused")]
     summary.already += len(have) - len(paused)
     if not summary.apply:
         summary.new += len(missing)
         summary.reopened += len(paused)
+        summary.listed += _listing(missing, paused, lambda o: True)
         return
     if not missing and not paused:
         return
@@ -103,12 +161,27 @@ async def _one(pool: asyncpg.Pool, row: asyncpg.Record, summary: BackfillSummary
         started = await runs.start(pool, "backfill", summary.start, socket.gethostname())
         summary.run_id = started.run_id
     async with pool.acquire() as conn, conn.transaction():
-        inserted = await admission.insert_deliveries(conn, missing, summary.run_id)
-        reopened = await control.reopen_paused(conn, paused, summary.run_id)
+        inserted = await admission.insert_deliveries(
+            conn, [o.delivery for o in missing], summary.run_id
+        )
+        reopened = await control.reopen_paused(
+            conn, [o.delivery.key for o in paused], summary.run_id
+        )
     summary.new += len(inserted)
     summary.reopened += len(reopened)
     summary.already += len(missing) - len(inserted) + len(paused) - len(reopened)
     summary.ready += [(i.id, i.urgent, i.occurrence_at) for i in inserted] + reopened
+    # One reminder's rows are told apart by their occurrence: list those admitted.
+    admitted = {i.occurrence_at for i in inserted} | {at for _, _, at in reopened}
+    summary.listed += _listing(missing, paused, lambda o: o.delivery.occurrence_at in admitted)
+
+
+def _listing(
+    missing: list[_Occurrence], paused: list[_Occurrence], keep: Callable[[_Occurrence], bool]
+) -> list[Listed]:
+    items = [o.listed("new") for o in missing if keep(o)]
+    items += [o.listed("reopen") for o in paused if keep(o)]
+    return sorted(items, key=lambda item: item.occurrence_at)
 
 
 async def admit(

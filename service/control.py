@@ -1,5 +1,6 @@
 """Operator transitions over deliveries: steer one publish run (hold, release, cancel,
-dead-letter) and reopen occurrences skipped while admission was paused (backfill).
+dead-letter), reopen occurrences skipped while admission was paused (backfill), and skip
+admitted occurrences an edit of their reminder's schedule no longer owes.
 
 Part of the one door to delivery state, beside ``service.ledger``: each transition is a
 named conditional statement of ``sql/queries.sql`` that locks rows in id order, and each
@@ -143,6 +144,14 @@ async def reopen_paused(
         return []
     rows = await conn.fetch(q("reopen_paused"), list(keys), run_id)
     return [(r["id"], r["urgent"], r["occurrence_at"]) for r in rows]
+
+
+async def skip_rescheduled(conn: Connection, ids: Sequence[int]) -> list[int]:
+    """pending/queued/retrying -> skipped ('rescheduled'), in the transaction of the edit
+    that stopped owing them; returns the ids skipped (a row claimed meanwhile is not)."""
+    if not ids:
+        return []
+    return [r["id"] for r in await conn.fetch(q("skip_rescheduled"), list(ids))]
 
 
 async def delivery_for_drop(executor: Executor, delivery_id: int) -> asyncpg.Record | None:

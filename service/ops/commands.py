@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import asyncpg
 
-from service import db, destinations, errors, ledger, netpolicy, runs, schedule
+from service import db, destinations, edits, errors, ledger, netpolicy, runs, schedule
 from service.ops import partner as partner_mod
 from service.ops import reminders
 from service.ops import status as status_mod
@@ -54,6 +54,7 @@ async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
         source: BinaryIO = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
     except OSError as exc:
         raise errors.InputError(f"{args.file}: {exc.strerror}") from None
+    tally = edits.Tally()  # what the load's schedule changes skipped, for the summary
     try:
         async with _pool(settings) as pool:
             lines = reminders.read_lines(source)
@@ -61,11 +62,11 @@ async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
                 settings.destinations_registered_only, settings.destination_secrets_keys
             )
             # Streamed, chunk by chunk; unknown webhook destinations registered (or refused).
-            count = await reminders.load(pool, lines, allow, registration=registration)
+            count = await reminders.load(pool, lines, allow, registration=registration, tally=tally)
     finally:
         if args.file != "-":
             source.close()
-    print(f"loaded {count} reminders")
+    print(f"loaded {count} reminders{tally.render()}")
     return errors.ExitCode.OK
 
 

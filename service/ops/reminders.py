@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from service import db, destinations, entry, errors, limits, netpolicy, schedule
+from service import db, destinations, edits, entry, errors, limits, netpolicy, schedule
 from service.progress import Progress
 
 MAX_REPORTED_ERRORS = 20
@@ -315,27 +315,34 @@ async def load(
     allow: netpolicy.AllowList,
     now: datetime | None = None,
     registration: destinations.Registration | None = None,
+    tally: edits.Tally | None = None,
 ) -> int:
-    """Validate and upsert a whole file in one transaction; return the number of lines.
+    """Validate and upsert a whole file in one transaction; return the number of lines
+    (``tally``, if given, counts the schedule edits and what they skipped).
 
     ``lines`` are text, or bytes (decoded here as UTF-8, so an invalid byte is reported
     with its line). Lines are read, checked and written in chunks, so memory stays flat
     however long the file; the first bad line stops the writing (checking goes on, to
     report every bad line) and the transaction is rolled back: all or nothing.
     """
-    when = now or datetime.now(UTC)
     problems = Problems()
     seen: set[str] = set()
     verdicts: dict[tuple[str, int], str | None] = {}
     loaded = 0
     progress = Progress("load")  # on stderr, only when it is a terminal
     async with pool.acquire() as conn, conn.transaction():
+        # One instant for the whole edit: first occurrences, schedule history, and which
+        # admitted occurrences a changed schedule still owes (the database's clock).
+        when: datetime = now or await conn.fetchval(db.q("db_now"))
         for chunk in _chunks(enumerate(lines, start=1)):
             items = parse_lines(chunk, when, allow, seen, problems)
             await check_destinations(items, allow, verdicts, problems)
             await _enter_destinations(conn, items, registration, problems)
             if not problems.count and items:
-                await conn.execute(db.q("upsert_reminders"), *_columns(items))
+                schedules = {p.line.id: p.line.schedule() for p in items}
+                edited = await edits.upsert(conn, _columns(items), schedules, when)
+                if tally is not None:
+                    tally.add(edited)
                 loaded += len(items)
                 progress.update(loaded)
         progress.finish()

@@ -32,7 +32,9 @@ SELECT now();
 -- name: upsert_reminders
 -- Load a file: one row per reminder, replacing schedule and content. next_due_at is kept
 -- when the schedule did not change, so a re-load never re-fires an occurrence; a changed
--- payload bumps payload_version, which the consumer records on the attempt.
+-- payload bumps payload_version, which the consumer records on the attempt. Run by
+-- service/edits.py, which also keeps the schedule history and skips what a changed
+-- schedule no longer owes, in the same transaction.
 INSERT INTO reminders AS r (id, channel, destination, payload, schedule_kind, due_at, daily_at,
                             cron, timezone, missed_policy, stale_after, send_stale, urgent,
                             provider, active, next_due_at, event_type)
@@ -71,6 +73,49 @@ ON CONFLICT (id) DO UPDATE SET
         THEN r.next_due_at
         ELSE excluded.next_due_at END,
     updated_at = now();
+
+-- name: lock_reminder_schedules
+-- A load's chunk: the schedules its reminders have now, locked in id order until the load
+-- commits, so no publish run admits an occurrence of a schedule being replaced (admission
+-- skips locked reminders) and the rows already admitted are all visible to the edit.
+SELECT id, schedule_kind, due_at, daily_at, cron, timezone FROM reminders
+WHERE id = ANY($1::text[])
+ORDER BY id
+FOR UPDATE;
+
+-- name: record_schedules
+-- The schedule history, after the upsert: reminders loaded for the first time ($1) start
+-- theirs from -infinity; those whose schedule changed ($2) close the version in force at
+-- $3 and open one from then, copied from the reminder row just written.
+WITH closed AS (
+    UPDATE reminder_schedules AS s SET valid_to = greatest(s.valid_from, $3)
+    WHERE s.reminder_id = ANY($2::text[]) AND s.valid_to IS NULL
+    RETURNING s.reminder_id, s.valid_to
+)
+INSERT INTO reminder_schedules (reminder_id, valid_from, schedule_kind, due_at, daily_at, cron,
+                                timezone)
+SELECT r.id, coalesce(c.valid_to, '-infinity'), r.schedule_kind, r.due_at, r.daily_at, r.cron,
+       r.timezone
+FROM reminders AS r
+LEFT JOIN closed AS c ON c.reminder_id = r.id
+WHERE r.id = ANY($1::text[]) OR r.id = ANY($2::text[]);
+
+-- name: schedule_versions
+-- One reminder's schedule history, oldest first (NULL valid_from: since before it was
+-- loaded; NULL valid_to: in force now).
+SELECT nullif(valid_from, '-infinity') AS valid_from, valid_to, schedule_kind, due_at,
+       daily_at, cron, timezone
+FROM reminder_schedules
+WHERE reminder_id = $1
+ORDER BY valid_from, id;
+
+-- name: admitted_from
+-- An edit of these reminders' schedules at $2: their admitted occurrences due from then on
+-- that are not final and not in flight (the caller keeps those the new schedule owes).
+SELECT id, reminder_id, occurrence_at FROM deliveries
+WHERE reminder_id = ANY($1::text[]) AND source = 'schedule'
+  AND state IN ('pending', 'queued', 'retrying') AND occurrence_at >= $2
+ORDER BY id;
 
 -- name: list_reminders
 SELECT id, channel, schedule_kind, daily_at, cron, timezone, due_at, next_due_at, active, urgent,
@@ -908,6 +953,22 @@ ORDER BY id;
 -- name: deliveries_by_keys
 SELECT idempotency_key, state::text AS state, skip_reason FROM deliveries
 WHERE idempotency_key = ANY($1::text[]);
+
+-- name: skip_rescheduled
+-- An edit of a schedule, in its transaction: admitted rows the new schedule no longer owes
+-- -> skipped (rescheduled). A row claimed meanwhile is in flight and left alone (the guard).
+-- Locked in id order.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE id = ANY($1::bigint[]) AND state IN ('pending', 'queued', 'retrying')
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE deliveries AS d SET state = 'skipped', skip_reason = 'rescheduled', finished_at = now(),
+                           next_attempt_at = NULL
+FROM locked
+WHERE d.id = locked.id AND d.state IN ('pending', 'queued', 'retrying')
+RETURNING d.id;
 
 -- name: reopen_paused
 -- Backfill: occurrences skipped because admission was paused are owed again, on purpose,
