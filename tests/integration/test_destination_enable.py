@@ -43,6 +43,15 @@ def daily_two_hours_ago() -> str:
     return f"{datetime.now(UTC) - timedelta(hours=2):%H:%M}"
 
 
+def readme_dry_run(url: str) -> str:
+    """The README's example of `relay destinations enable URL` (a dry run), for ``url``."""
+    example = "https://partner.example/hooks/r"
+    command = f"$ relay destinations enable {example}\n"
+    text = (rs.REPO / "README.md").read_text()
+    start = text.index(command) + len(command)
+    return text[start : text.index("$ relay", start)].replace(example, url)
+
+
 async def state_of(pool: asyncpg.Pool, reminder_id: str) -> tuple[bool, str | None]:
     row = await pool.fetchrow(
         "SELECT active, inactive_reason FROM reminders WHERE id = $1", reminder_id
@@ -109,6 +118,8 @@ async def test_enable_resumes_what_disable_paused_by_policy_and_never_a_cancelle
         assert await state_of(pool, "held-stale") == (False, "destination_disabled")
         assert await state_of(pool, "cancelled") == (False, "cancelled")
 
+        said = await rs.relay(settings, "destinations", "enable", url)
+        assert said.code == 0 and said.stdout == readme_dry_run(url)  # the README's words
         dry = await rs.relay(settings, "destinations", "enable", url, "--json")
         assert dry.code == 0, dry.stderr
         planned = json.loads(dry.stdout)
