@@ -597,8 +597,11 @@ WITH changed AS (
     WHERE d.state = 'enabled'
     RETURNING id
 ), paused AS (
+    -- Reading `changed` first takes the destination's row lock before any reminder's, the
+    -- order enable locks them in (sibling CTEs otherwise run in no set order).
     UPDATE reminders SET active = false, inactive_reason = $3, updated_at = now()
     WHERE destination = $1 AND channel = 'webhook' AND active
+      AND (SELECT count(*) FROM changed) >= 0
     RETURNING id
 )
 SELECT (SELECT id FROM changed) AS id, (SELECT count(*) FROM paused)::int AS paused;
