@@ -313,3 +313,39 @@ async def test_the_console_switch_shows_the_dry_run_counts_then_does_what_the_cl
         ("enable", "carol (console)", "clinic open"),
     ]
     assert actions[1]["effect"] == expected
+
+
+async def test_a_410_pauses_reminders_as_gone_and_enable_resumes_them_but_not_a_cancelled_one(
+    settings: Settings, pool: asyncpg.Pool, receivers: list[Receiver]
+) -> None:
+    partner = receivers[0]
+    partner.status = 410
+    url = partner.url()
+    daily = daily_two_hours_ago()
+    await rs.load(pool, [
+        rs.line("now", url),  # due now: its answer is the 410
+        rs.line("daily", url, daily_at=daily),
+        rs.line("cancelled", url, daily_at=daily),
+    ])  # fmt: skip
+    assert (await rs.relay(settings, "reminders", "cancel", "cancelled")).code == 0
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings):
+
+        async def gone() -> bool:
+            return await count(pool, "SELECT count(*) FROM deliveries WHERE state = 'dead'") == 1
+
+        await rs.wait_for(gone, 60, "the 410")
+    assert len(partner.requests) == 1
+    assert await state_of(pool, "daily") == (False, "gone")
+    assert await state_of(pool, "now") == (False, "gone")
+    assert await state_of(pool, "cancelled") == (False, "cancelled")
+    shown = json.loads((await rs.relay(settings, "destinations", "show", url, "--json")).stdout)
+    assert (shown["state"], shown["disabled_reason"]) == ("disabled", "410 gone")
+
+    on = await rs.relay(settings, "destinations", "enable", url, "--reason", "partner is back",
+                        "--apply", "--json")  # fmt: skip
+    assert on.code == 0, on.stderr
+    done = json.loads(on.stdout)
+    assert (done["reminders_resumed"], done["reminders_cancelled"]) == (2, 1)
+    assert await state_of(pool, "daily") == (True, None)
+    assert await state_of(pool, "cancelled") == (False, "cancelled")
