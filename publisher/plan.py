@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
-from service import logs, schedule
+from service import logs, runs, schedule
 from service.admission import NewDelivery
 from service.settings import Settings
 
@@ -53,7 +53,7 @@ def plan_batch(
             continue
         owed = [(at, None) for at in plan.send] + list(plan.skipped)
         for at, reason in owed:
-            if any(start <= at < end for start, end in paused):
+            if runs.in_pause(at, paused):
                 reason = SKIP_PAUSED
             deliveries.append(NewDelivery.of(row, at, reason))
         advances.append((row["id"], plan.next_due_at))

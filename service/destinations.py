@@ -5,7 +5,9 @@ operator (``relay destinations add``) or on first use, when a reminder or an out
 names it (refused instead with ``RELAY_DESTINATIONS_REGISTERED_ONLY=true``). Each has:
 
 * a state: enabled, or disabled with a reason and since when (a 410 Gone, a failure
-  streak, an operator); the deliveries of a disabled destination are held, never sent;
+  streak, an operator); the deliveries of a disabled destination are held, never sent,
+  and its reminders paused (``service.reminder_state``); enabling it is
+  ``service.destination_switch``'s;
 * a failure streak: consecutive failed attempts and when the streak began;
 * its own signing secrets (``whsec_...``), encrypted at rest with a :class:`Vault` key:
   the current one, and during a rotation the previous ones until their grace ends. A
@@ -29,6 +31,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from service import errors
 from service.db import q
+from service.reminder_state import InactiveReason
 
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 Executor = Connection | asyncpg.Pool
@@ -203,36 +206,31 @@ async def rekey(conn: Connection, vault: Vault) -> int:
     return len(ids)
 
 
-async def disable(executor: Executor, url: str, reason: str) -> int | None:
-    """Disable a destination (registering it if need be): its deliveries are held. Its id
-    if this call disabled it, None if it already was."""
-    value = await executor.fetchval(q("destination_disable"), url, reason[:500])
-    return None if value is None else int(value)
-
-
-async def disable_gone(conn: Connection, url: str) -> int | None:
-    """A receiver said 410 Gone: disable the destination at once and stop its reminders."""
-    async with conn.transaction():
-        disabled = await disable(conn, url, GONE)
-        await conn.execute(q("deactivate_destination_reminders"), url)
-    return disabled
-
-
 @dataclass(frozen=True)
-class Enabled:
-    reminders: int  # reactivated
-    deliveries: int  # held deliveries made due now
+class Disabled:
+    destination_id: int | None  # None: it was already disabled
+    reminders_paused: int  # its active webhook reminders, paused now
 
 
-async def enable(conn: Connection, url: str) -> Enabled | None:
-    """Accept sends again: reactivate its reminders and make its held deliveries due now,
-    in one transaction. None if it was not disabled."""
-    async with conn.transaction():
-        if await conn.fetchval(q("enable_destination"), url) is None:
-            return None
-        reminders = int(await conn.fetchval(q("reactivate_destination_reminders"), url))
-        deliveries = int(await conn.fetchval(q("wake_destination_deliveries"), url))
-    return Enabled(reminders, deliveries)
+async def disable(
+    executor: Executor,
+    url: str,
+    reason: str,
+    paused_as: InactiveReason = InactiveReason.DESTINATION_DISABLED,
+) -> Disabled:
+    """Disable a destination (registering it if need be): its deliveries are held and its
+    active reminders paused as ``paused_as`` (so that enable resumes them, and only them),
+    in one statement."""
+    row = await executor.fetchrow(q("destination_disable"), url, reason[:500], paused_as.value)
+    assert row is not None
+    value = row["id"]
+    return Disabled(None if value is None else int(value), row["paused"])
+
+
+async def disable_gone(executor: Executor, url: str) -> int | None:
+    """A receiver said 410 Gone: disable the destination at once and pause its reminders
+    (reason ``gone``). Its id if this call disabled it, None if it already was."""
+    return (await disable(executor, url, GONE, InactiveReason.GONE)).destination_id
 
 
 async def set_envelope(executor: Executor, url: str, envelope: bool) -> bool:

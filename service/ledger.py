@@ -297,9 +297,10 @@ async def release(
 
 
 async def cancel_reminder(executor: Executor, reminder_id: str) -> bool:
-    """Stop a reminder: no new occurrences, and its queued sends are skipped at send time
-    (the consumer reads ``active`` again right before each request). False if it was not
-    active."""
+    """An operator's cancel: no new occurrences, and its queued sends are skipped at send
+    time (the consumer reads it again right before each request). Recorded as
+    ``cancelled``, so enabling its destination never revives it. False if there is no such
+    reminder or it already was cancelled."""
     return await executor.fetchval(q("cancel_reminder"), reminder_id) is not None
 
 

@@ -11,6 +11,7 @@ consumer's metrics sampler need it. Each function runs named blocks of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -176,6 +177,12 @@ async def pause_windows(
     one ends at infinity."""
     rows = await executor.fetch(db.q("admission_pause_windows"), since)
     return [(r["paused_at"], r["resumed_at"]) for r in rows]
+
+
+def in_pause(at: datetime, windows: Sequence[tuple[datetime, datetime]]) -> bool:
+    """Whether an occurrence due at ``at`` fell inside a window admission was paused (it
+    is then skipped 'paused', whatever the missed-fire policy says)."""
+    return any(start <= at < end for start, end in windows)
 
 
 async def latest_with_work(executor: ledger.Executor) -> int | None:

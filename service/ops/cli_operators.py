@@ -28,7 +28,7 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_operator(parser: argparse.ArgumentParser) -> None:
+def add_operator(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--operator",
         default=os.environ.get("USER", "unknown"),
@@ -95,7 +95,7 @@ def _run_action(
     parser.add_argument("run", type=int, help="the publish run's id")
     parser.add_argument("--reason", default=None, help="why (recorded)")
     parser.add_argument("--apply", action="store_true", help="do it (default: dry run)")
-    _add_operator(parser)
+    add_operator(parser)
     add_json(parser)
 
 

@@ -80,6 +80,8 @@ def _reminder_json(row: asyncpg.Record) -> dict[str, object]:
     data: dict[str, object] = {k: row[k] for k in fields if k in row.keys()}
     data.update(schedule=_describe_schedule(row), next_due_at=row["next_due_at"])
     data["active"] = row["active"]
+    # why not: cancelled (by an operator), destination_disabled or gone (paused)
+    data["inactive_reason"] = row["inactive_reason"]
     return data
 
 
@@ -89,6 +91,11 @@ def _describe_schedule(row: asyncpg.Record) -> str:
     if row["schedule_kind"] == "cron":
         return f"cron {row['cron']} {row['timezone']}"
     return f"once {_utc(row['due_at'])}"
+
+
+def _state(row: asyncpg.Record) -> str:
+    """``True``, or why not (``False (cancelled)``, ``False (destination_disabled)``)."""
+    return "True" if row["active"] else f"False ({row['inactive_reason']})"
 
 
 async def reminders_list(args: argparse.Namespace, settings: Settings) -> int:
@@ -101,7 +108,7 @@ async def reminders_list(args: argparse.Namespace, settings: Settings) -> int:
     for r in rows:
         print(
             f"{r['id']:<28} {r['channel']:<8} {_describe_schedule(r)[:34]:<34} "
-            f"{_utc(r['next_due_at']):<20} {r['active']}"
+            f"{_utc(r['next_due_at']):<20} {_state(r)}"
         )
     return errors.ExitCode.OK
 
@@ -133,6 +140,7 @@ async def reminders_show(args: argparse.Namespace, settings: Settings) -> int:
         "urgent",
         "provider",
         "active",
+        "inactive_reason",
         "payload_version",
         "next_due_at",
     ):
@@ -173,9 +181,13 @@ async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         done = await ledger.cancel_reminder(pool, args.id)
     if not done:
-        print(f"relay: no active reminder {args.id!r}", file=sys.stderr)
+        print(f"relay: no reminder {args.id!r} to cancel (unknown, or already cancelled)",
+              file=sys.stderr)  # fmt: skip
         return errors.ExitCode.INCOMPLETE
-    print(f"cancelled {args.id}: no new occurrences; queued sends will be skipped")
+    print(
+        f"cancelled {args.id}: no new occurrences; queued sends will be skipped; "
+        "enabling its destination does not bring it back"
+    )
     return errors.ExitCode.OK
 
 

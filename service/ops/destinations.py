@@ -18,7 +18,9 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from service import db, destinations, entry, errors, netpolicy
+from service import db, destination_switch, destinations, errors, netpolicy
+from service.clock import SystemClock
+from service.ops import cli_operators
 from service.settings import Settings
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -53,9 +55,10 @@ def add_parser(sub: Subcommands, command: Command) -> None:
         ("list", "every destination and its state", ""),
         ("rotate-secret", "a new signing secret; the old ones sign until the grace ends",
          f"{example} --grace 24h"),
-        ("disable", "hold a destination's deliveries (none is sent)",
+        ("disable", "hold a destination's deliveries (none is sent) and pause its reminders",
          f"{example} --reason 'partner migrating'"),
-        ("enable", "send again, held deliveries first (reactivates its reminders)", example),
+        ("enable", "send again: resume what disable paused (never a cancelled reminder); "
+         "a dry run unless --apply", f"{example} --reason 'partner back' --apply"),
         ("envelope", "turn the Standard Webhooks event envelope on or off", f"{example} on"),
         ("rekey", "re-encrypt every stored secret with the first RELAY_DESTINATION_SECRETS_KEYS"
          " key", ""),
@@ -82,6 +85,11 @@ def add_parser(sub: Subcommands, command: Command) -> None:
             )
         elif name == "disable":
             parser.add_argument("--reason", required=True, help="why (shown by show and list)")
+            cli_operators.add_operator(parser)
+        elif name == "enable":
+            parser.add_argument("--reason", default=None, help="why (recorded; needed to apply)")
+            parser.add_argument("--apply", action="store_true", help="do it (default: dry run)")
+            cli_operators.add_operator(parser)
         elif name == "envelope":
             parser.add_argument("setting", choices=["on", "off"], help="on or off")
 
@@ -107,16 +115,18 @@ def _vault(settings: Settings) -> destinations.Vault:
     return vault
 
 
-def _url(args: argparse.Namespace, settings: Settings) -> str:
-    """The argument's URL, normalised; a URL the destination policy refuses is exit 2."""
+def allowed_networks(settings: Settings) -> netpolicy.AllowList:
+    """RELAY_ALLOW_NETWORKS, parsed; a bad value is exit 2."""
     try:
-        allow = netpolicy.parse_networks(settings.allow_networks)
+        return netpolicy.parse_networks(settings.allow_networks)
     except ValueError as exc:
         raise errors.ConfigError(f"RELAY_ALLOW_NETWORKS: {exc}") from None
-    problem = entry.destination_problem("webhook", args.url, allow)
-    if problem is not None:
-        raise errors.InputError(f"URL refused: {problem}")
-    return destinations.normalise(args.url)
+
+
+def _url(args: argparse.Namespace, settings: Settings) -> str:
+    """The argument's URL, normalised; a URL the destination policy refuses is exit 2
+    (the check the console's destination switch makes too)."""
+    return destination_switch.target(args.url, allowed_networks(settings))
 
 
 def _plain(value: Any) -> Any:
@@ -180,6 +190,7 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         row = await pool.fetchrow(db.q("destination_get"), url)
         secrets = await pool.fetch(db.q("destination_secrets_of"), url)
+        actions = await destination_switch.actions_of(pool, url)
     if row is None:
         return _missing(url)
     data = _describe(row)
@@ -202,6 +213,13 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
         )
     if not listed:
         lines.append("  no secret of its own: signed with RELAY_WEBHOOK_SIGNING_SECRETS")
+    data["actions"] = [a.__dict__ for a in actions]
+    for a in actions:
+        effect = ", ".join(f"{k} {v}" for k, v in a.effect.items() if v)
+        lines.append(
+            f"  {_plain(a.at)} {a.action} by {a.operator}: {a.reason}"
+            + (f" ({effect})" if effect else "")
+        )
     _print(args, data, "\n".join(lines))
     return errors.ExitCode.OK
 
@@ -233,30 +251,57 @@ async def rotate_secret(args: argparse.Namespace, settings: Settings) -> int:
 
 async def disable(args: argparse.Namespace, settings: Settings) -> int:
     url = _url(args, settings)
-    async with _pool(settings) as pool:
-        changed = await destinations.disable(pool, url, f"operator: {args.reason}")
-    _print(
-        args,
-        {"url": url, "disabled": True, "changed": changed is not None},
-        f"disabled {url}: its deliveries are held" if changed else f"{url} was already disabled",
+    async with _pool(settings) as pool, pool.acquire() as conn:
+        done = await destination_switch.disable(
+            conn, url, operator=args.operator, reason=args.reason
+        )
+    data = destination_switch.disabled_dict(url, done)
+    text = (
+        f"disabled {url}: its deliveries are held, {done.reminders_paused} reminders paused"
+        if data["changed"]
+        else f"{url} was already disabled"
     )
+    _print(args, data, text)
     return errors.ExitCode.OK
 
 
 async def enable(args: argparse.Namespace, settings: Settings) -> int:
     url = _url(args, settings)
     async with _pool(settings) as pool, pool.acquire() as conn:
-        done = await destinations.enable(conn, url)
+        done = await destination_switch.enable(
+            conn,
+            url,
+            now=SystemClock().now(),
+            missed=destination_switch.MissedFire.of(settings),
+            apply=args.apply,
+            operator=args.operator,
+            reason=args.reason,
+        )
     if done is None:
-        print(f"relay: {url} is not disabled", file=sys.stderr)
+        return _missing(url)
+    if not done.changed:
+        print(f"relay: {url} is not disabled: nothing to do", file=sys.stderr)
         return errors.ExitCode.INCOMPLETE
-    _print(
-        args,
-        {"url": url, "enabled": True, "reminders": done.reminders, "held": done.deliveries},
-        f"enabled {url}; {done.deliveries} held deliveries are due now, {done.reminders} "
-        "reminders reactivated (their next occurrence follows their missed-fire policy)",
-    )
+    _print(args, done.as_dict(), render_enabling(done))
     return errors.ExitCode.OK
+
+
+def render_enabling(done: destination_switch.Enabling) -> str:
+    """What an enable did, or in a dry run would do, in words."""
+    will = "" if done.applied else "would be "
+    lines = [
+        f"enabled {done.url}" if done.applied else f"enable {done.url}: dry run",
+        f"  reminders: {done.reminders_resumed} {will}resumed; "
+        f"{done.reminders_cancelled} cancelled by an operator stay cancelled",
+        f"  held deliveries: {done.held_send} {will}sent now, {done.held_stale} {will}skipped "
+        f"as stale, {done.held_cancelled} {will}skipped as cancelled",
+        f"  occurrences due while disabled (the next publish run, by each reminder's "
+        f"missed-fire policy): {done.occurrences_send} to send, {done.occurrences_stale} "
+        f"already past stale_after (skipped as stale), {done.occurrences_skipped} skipped",
+    ]
+    if not done.applied:
+        lines.append("  nothing changed; add --apply (with --reason) to do it")
+    return "\n".join(lines)
 
 
 async def envelope(args: argparse.Namespace, settings: Settings) -> int:

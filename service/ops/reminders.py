@@ -65,6 +65,10 @@ class ReminderLine(BaseModel):
     urgent: bool = False
     provider: str | None = None
     event_type: str | None = None  # the envelope's type (default reminder.due)
+    # None: a new reminder is active, an existing one keeps its state (a cancelled one
+    # stays cancelled); False: cancel it; True: revive it if it was cancelled. A webhook
+    # reminder whose destination is disabled is paused whatever this says.
+    active: bool | None = None
 
     @field_validator("id")
     @classmethod
@@ -343,6 +347,10 @@ async def load(
                 edited = await edits.upsert(conn, _columns(items), schedules, when)
                 if tally is not None:
                     tally.add(edited)
+                ids = [p.line.id for p in items]
+                await conn.execute(
+                    db.q("reminders_file_state"), ids, [p.line.active for p in items]
+                )
                 loaded += len(items)
                 progress.update(loaded)
         progress.finish()

@@ -31,10 +31,12 @@ SELECT now();
 
 -- name: upsert_reminders
 -- Load a file: one row per reminder, replacing schedule and content. next_due_at is kept
--- when the schedule did not change, so a re-load never re-fires an occurrence; a changed
--- payload bumps payload_version, which the consumer records on the attempt. Run by
--- service/edits.py, which also keeps the schedule history and skips what a changed
--- schedule no longer owes, in the same transaction.
+-- when the schedule did not change and the reminder is not cancelled, so a re-load never
+-- re-fires an occurrence (and a paused reminder's missed ones are still judged by its
+-- policy when it resumes); a changed payload bumps payload_version, which the consumer
+-- records on the attempt. Run by service/edits.py, which also keeps the schedule history
+-- and skips what a changed schedule no longer owes, in the same transaction. Whether it
+-- is active, paused or cancelled is reminders_file_state's to say (run next, same tx).
 INSERT INTO reminders AS r (id, channel, destination, payload, schedule_kind, due_at, daily_at,
                             cron, timezone, missed_policy, stale_after, send_stale, urgent,
                             provider, active, next_due_at, event_type)
@@ -63,13 +65,12 @@ ON CONFLICT (id) DO UPDATE SET
     urgent = excluded.urgent,
     provider = excluded.provider,
     event_type = excluded.event_type,
-    active = true,
     next_due_at = CASE
         WHEN (r.schedule_kind, r.due_at, r.daily_at, r.cron, r.timezone)
              IS NOT DISTINCT FROM
              (excluded.schedule_kind, excluded.due_at, excluded.daily_at, excluded.cron,
               excluded.timezone)
-             AND r.active
+             AND r.inactive_reason IS DISTINCT FROM 'cancelled'
         THEN r.next_due_at
         ELSE excluded.next_due_at END,
     updated_at = now();
@@ -117,9 +118,33 @@ WHERE reminder_id = ANY($1::text[]) AND source = 'schedule'
   AND state IN ('pending', 'queued', 'retrying') AND occurrence_at >= $2
 ORDER BY id;
 
+-- name: reminders_file_state
+-- After a load: each line's reminder ($1) is active, paused or cancelled as its line ($2:
+-- the line's "active", NULL when it has none) and its destination say. "active": false
+-- cancels it; "active": true revives a cancelled one; without it a cancelled reminder stays
+-- cancelled (a re-load never undoes an operator's cancel). A webhook reminder whose
+-- destination is disabled is paused (`destinations enable` resumes it), whatever the line.
+UPDATE reminders AS r SET active = s.reason IS NULL, inactive_reason = s.reason,
+                          updated_at = now()
+FROM (
+    SELECT cur.id,
+           CASE WHEN t.wanted IS FALSE
+                     OR (t.wanted IS NULL AND cur.inactive_reason = 'cancelled')
+                THEN 'cancelled'
+                WHEN cur.channel = 'webhook'
+                     AND EXISTS (SELECT 1 FROM destinations AS d
+                                 WHERE d.url = cur.destination AND d.state = 'disabled')
+                THEN CASE WHEN cur.inactive_reason = 'gone' THEN 'gone'
+                          ELSE 'destination_disabled' END
+           END AS reason
+    FROM unnest($1::text[], $2::bool[]) AS t(id, wanted)
+    JOIN reminders AS cur ON cur.id = t.id
+) AS s
+WHERE r.id = s.id AND r.inactive_reason IS DISTINCT FROM s.reason;
+
 -- name: list_reminders
 SELECT id, channel, schedule_kind, daily_at, cron, timezone, due_at, next_due_at, active, urgent,
-       missed_policy, payload_version
+       missed_policy, payload_version, inactive_reason
 FROM reminders
 WHERE ($1::text IS NULL OR id > $1)
 ORDER BY id
@@ -127,13 +152,16 @@ LIMIT $2;
 
 -- name: get_reminder
 SELECT id, channel, schedule_kind, due_at, daily_at, cron, timezone, missed_policy, stale_after,
-       send_stale, urgent, provider, active, next_due_at, payload_version, created_at, updated_at
+       send_stale, urgent, provider, active, inactive_reason, next_due_at, payload_version,
+       created_at, updated_at
 FROM reminders WHERE id = $1;
 
 -- name: cancel_reminder
--- Deactivate: no new occurrences; queued deliveries are skipped (cancelled) at send time.
-UPDATE reminders SET active = false, updated_at = now()
-WHERE id = $1 AND active
+-- An operator's cancel: no new occurrences; queued deliveries are skipped (cancelled) at
+-- send time. A reminder paused by its destination's disable is cancelled too, so enabling
+-- the destination leaves it cancelled.
+UPDATE reminders SET active = false, inactive_reason = 'cancelled', updated_at = now()
+WHERE id = $1 AND inactive_reason IS DISTINCT FROM 'cancelled'
 RETURNING id;
 
 -- name: lock_due_reminders
@@ -260,7 +288,9 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
        coalesce(c.destination, r.destination) AS destination,
        coalesce(c.payload, r.payload) AS payload,
        r.payload_version,
-       (c.source = 'outbox' OR coalesce(r.active, false)) AS active,
+       -- not cancelled: a reminder paused by its destination's disable is held, not skipped
+       (c.source = 'outbox' OR coalesce(r.active OR r.inactive_reason <> 'cancelled', false))
+           AS active,
        extract(epoch FROM now() - c.occurrence_at)::float8 AS age_seconds,
        extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
        coalesce(r.send_stale, false) AS send_stale,
@@ -295,7 +325,9 @@ WHERE id = ANY($1::bigint[]);
 -- claim still held, and what do the reminder, the destination and the provider say now.
 SELECT d.id, d.attempts,
        (d.state = 'sending' AND d.lease_expires_at > now()) AS claim_held,
-       (d.source = 'outbox' OR coalesce(r.active, false)) AS active,
+       -- not cancelled: a reminder paused by its destination's disable is held, not skipped
+       (d.source = 'outbox' OR coalesce(r.active OR r.inactive_reason <> 'cancelled', false))
+           AS active,
        extract(epoch FROM now() - d.occurrence_at)::float8 AS age_seconds,
        extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
        coalesce(r.send_stale, false) AS send_stale,
@@ -595,20 +627,31 @@ WHERE provider = $1;
 ---------------------------------------------------------------------------- destinations
 
 -- name: destination_disable
--- Disable a destination (registered now if it was not): its deliveries are held. Returns
--- its id when this statement disabled it, nothing when it already was.
-INSERT INTO destinations AS d (url, state, disabled_reason, disabled_at)
-VALUES ($1, 'disabled', $2, now())
-ON CONFLICT (url) DO UPDATE SET
-    state = 'disabled', disabled_reason = excluded.disabled_reason, disabled_at = now(),
-    updated_at = now()
-WHERE d.state = 'enabled'
-RETURNING id;
+-- Disable a destination (registered now if it was not): its deliveries are held and its
+-- active webhook reminders paused with the reason $3 ('destination_disabled', or 'gone'
+-- after a 410), so that enable can tell them from the ones an operator cancelled. Returns
+-- its id when this statement disabled it (NULL when it already was) and how many
+-- reminders it paused.
+WITH changed AS (
+    INSERT INTO destinations AS d (url, state, disabled_reason, disabled_at)
+    VALUES ($1, 'disabled', $2, now())
+    ON CONFLICT (url) DO UPDATE SET
+        state = 'disabled', disabled_reason = excluded.disabled_reason, disabled_at = now(),
+        updated_at = now()
+    WHERE d.state = 'enabled'
+    RETURNING id
+), paused AS (
+    -- Reading `changed` first takes the destination's row lock before any reminder's, the
+    -- order enable locks them in (sibling CTEs otherwise run in no set order).
+    UPDATE reminders SET active = false, inactive_reason = $3, updated_at = now()
+    WHERE destination = $1 AND channel = 'webhook' AND active
+      AND (SELECT count(*) FROM changed) >= 0
+    RETURNING id
+)
+SELECT (SELECT id FROM changed) AS id, (SELECT count(*) FROM paused)::int AS paused;
 
--- name: deactivate_destination_reminders
--- A receiver said 410 Gone: its reminders fire no more.
-UPDATE reminders SET active = false, updated_at = now()
-WHERE destination = $1 AND active;
+-- name: destination_lock_state
+SELECT state FROM destinations WHERE url = $1 FOR UPDATE;
 
 -- name: enable_destination
 UPDATE destinations SET
@@ -617,26 +660,77 @@ UPDATE destinations SET
 WHERE url = $1 AND state = 'disabled'
 RETURNING url;
 
--- name: reactivate_destination_reminders
-WITH r AS (
-    UPDATE reminders SET active = true, updated_at = now()
-    WHERE destination = $1 AND NOT active
-    RETURNING id
+-- name: enable_resume_reminders
+-- Enable ($2 true) or its dry run ($2 false): the destination's reminders its disable (or
+-- its 410) paused, with what planning their owed occurrences needs; resumed when $2. Their
+-- next_due_at is left as it was: the next publish run judges what fell due meanwhile by
+-- each one's missed-fire policy. A reminder an operator cancelled is never among them.
+WITH paused AS (
+    SELECT id, schedule_kind, due_at, daily_at, cron, timezone, missed_policy, next_due_at,
+           stale_after, send_stale
+    FROM reminders
+    WHERE destination = $1 AND channel = 'webhook'
+      AND inactive_reason IN ('destination_disabled', 'gone')
+    ORDER BY id
+    FOR UPDATE
+), resumed AS (
+    UPDATE reminders AS r SET active = true, inactive_reason = NULL, updated_at = now()
+    FROM paused AS p
+    WHERE $2 AND r.id = p.id
 )
-SELECT count(*) FROM r;
+SELECT id, schedule_kind, due_at, daily_at, cron, timezone, missed_policy, next_due_at,
+       extract(epoch FROM stale_after)::float8 AS stale_after_seconds, send_stale
+FROM paused
+ORDER BY id;
 
--- name: wake_destination_deliveries
--- After enable: the deliveries held while the destination was disabled are due now (their
--- parked messages come back within RELAY_DESTINATION_HOLD_SECONDS and are claimed).
-WITH w AS (
+-- name: destination_cancelled_reminders
+SELECT count(*)::int FROM reminders
+WHERE destination = $1 AND channel = 'webhook' AND inactive_reason = 'cancelled';
+
+-- name: enable_settle_held
+-- Enable ($2 true) or its dry run ($2 false): the destination's deliveries not final and
+-- not in flight, each with its fate: 'cancelled' (its reminder was cancelled or is gone),
+-- 'stale' (older than its reminder's stale_after, without send_stale) or 'send'. When $2
+-- the first two are skipped with that reason, and the held ones to send are due now
+-- (their parked messages claim them when they come back). Counts by fate.
+WITH held AS (
+    SELECT d.id,
+           CASE WHEN d.source = 'schedule'
+                     AND (r.id IS NULL OR r.inactive_reason = 'cancelled') THEN 'cancelled'
+                WHEN r.stale_after IS NOT NULL AND NOT r.send_stale
+                     AND now() - d.occurrence_at > r.stale_after THEN 'stale'
+                ELSE 'send' END AS fate
+    FROM deliveries AS d
+    LEFT JOIN reminders AS r ON r.id = d.reminder_id
+    WHERE d.state IN ('pending', 'queued', 'retrying') AND d.channel = 'webhook'
+      AND coalesce(d.destination, r.destination) = $1
+    ORDER BY d.id
+    FOR UPDATE OF d
+), skipped AS (
+    UPDATE deliveries AS d SET state = 'skipped', skip_reason = h.fate, finished_at = now(),
+                               next_attempt_at = NULL
+    FROM held AS h
+    WHERE $2 AND d.id = h.id AND h.fate <> 'send'
+      AND d.state IN ('pending', 'queued', 'retrying')
+), woken AS (
     UPDATE deliveries AS d SET next_attempt_at = now()
-    WHERE d.state = 'retrying' AND d.next_attempt_at > now() AND d.channel = 'webhook'
-      AND (d.destination = $1
-           OR (d.destination IS NULL
-               AND d.reminder_id IN (SELECT id FROM reminders WHERE destination = $1)))
-    RETURNING d.id
+    FROM held AS h
+    WHERE $2 AND d.id = h.id AND h.fate = 'send'
+      AND d.state = 'retrying' AND d.next_attempt_at > now()
 )
-SELECT count(*) FROM w;
+SELECT count(*) FILTER (WHERE fate = 'send')::int AS send,
+       count(*) FILTER (WHERE fate = 'stale')::int AS stale,
+       count(*) FILTER (WHERE fate = 'cancelled')::int AS cancelled
+FROM held;
+
+-- name: destination_action_record
+INSERT INTO destination_actions (url, action, operator, reason, effect)
+VALUES ($1, $2, $3, $4, $5);
+
+-- name: destination_actions_of
+-- The latest operator actions on a destination, newest first.
+SELECT action, operator, reason, effect, at
+FROM destination_actions WHERE url = $1 ORDER BY id DESC LIMIT $2;
 
 -- name: destinations_known
 SELECT url FROM destinations WHERE url = ANY($1::text[]);
@@ -692,8 +786,9 @@ UPDATE destinations SET envelope = $2, updated_at = now() WHERE url = $1 RETURNI
 
 -- name: destination_failed
 -- One more failed attempt in the destination's streak. The streak disables an enabled
--- destination once it holds $2 attempts (0: never) spanning at least $3 seconds. Returns
--- the id, the streak and whether this very statement disabled it.
+-- destination once it holds $2 attempts (0: never) spanning at least $3 seconds, and then
+-- pauses its reminders, as every disable does. Returns the id, the streak and whether this
+-- very statement disabled it.
 WITH cur AS (
     SELECT url, state, failure_streak + 1 AS streak,
            coalesce(streak_started_at, now()) AS since
@@ -703,6 +798,12 @@ WITH cur AS (
     SELECT cur.*, (state = 'enabled' AND $2::int > 0 AND streak >= $2::int
                    AND now() - since >= make_interval(secs => $3::float8)) AS trip
     FROM cur
+), paused AS (
+    -- the streak disabled it: its reminders are paused, as by any disable
+    UPDATE reminders SET active = false, inactive_reason = 'destination_disabled',
+                         updated_at = now()
+    WHERE destination = $1 AND channel = 'webhook' AND active
+      AND EXISTS (SELECT 1 FROM t WHERE t.trip)
 )
 UPDATE destinations AS d SET
     failure_streak = t.streak,
@@ -789,15 +890,19 @@ ORDER BY id DESC
 LIMIT $1;
 
 -- name: console_destinations
--- Every destination a reminder names or that is disabled: its reminders, whether it is
--- disabled (why, since when), and its reference.
+-- Every destination a reminder names or that is disabled: its reminders (active, paused by
+-- a disable or a 410, cancelled), whether it is disabled (why, since when), its reference.
 SELECT coalesce(r.destination, dd.destination) AS destination,
        left(encode(sha256(convert_to(coalesce(r.destination, dd.destination), 'UTF8')), 'hex'),
             16) AS destination_ref,
        r.channel, coalesce(r.reminders, 0) AS reminders, coalesce(r.active, 0) AS active,
+       coalesce(r.paused, 0) AS paused, coalesce(r.cancelled, 0) AS cancelled,
        dd.reason, dd.disabled_at
 FROM (SELECT destination, min(channel) AS channel, count(*) AS reminders,
-             count(*) FILTER (WHERE active) AS active
+             count(*) FILTER (WHERE active) AS active,
+             count(*) FILTER (WHERE inactive_reason IN ('destination_disabled', 'gone'))
+                 AS paused,
+             count(*) FILTER (WHERE inactive_reason = 'cancelled') AS cancelled
       FROM reminders GROUP BY destination) AS r
 FULL JOIN disabled_destinations AS dd ON dd.destination = r.destination
 WHERE ($1::text IS NULL OR left(encode(sha256(convert_to(

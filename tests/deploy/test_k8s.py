@@ -581,6 +581,9 @@ def test_keda_scaledobject_targets_real_objects() -> None:
 
 
 def _console_routes() -> set[str]:
+    from service.clock import SystemClock
+    from service.destination_switch import MissedFire
+    from service.ops.console import actions as console_actions
     from service.ops.console import app as console_app
     from service.ops.console import security
 
@@ -588,7 +591,8 @@ def _console_routes() -> set[str]:
         raise AssertionError("only inspected, never served")
 
     door = security.Door("x" * 16, open_reads=False)
-    built = console_app.build(None, no_replay, no_replay, door)  # type: ignore[arg-type]
+    switching = console_actions.Switching((), MissedFire(300.0, 24), SystemClock())
+    built = console_app.build(None, no_replay, no_replay, door, switching)  # type: ignore[arg-type]
     return {route.resource.canonical for route in built.router.routes() if route.resource}
 
 

@@ -211,19 +211,27 @@ async def test_destinations_are_disabled_and_enabled_with_a_reason(
         async with http.post(url, data={"csrf": csrf}) as answer:
             assert answer.status == 400  # no reason
         async with http.post(url, data={"csrf": csrf, "reason": "clinic closed"}) as answer:
-            assert answer.status == 200 and "disabled" in await answer.text()
+            assert answer.status == 200 and "2 reminders paused" in await answer.text()
         reason = await pool.fetchval("SELECT reason FROM disabled_destinations")
-        assert reason == "clinic closed (bob (console), console)"
-        # Disabled holds the destination's deliveries; its reminders stay as they are.
+        assert reason == "operator: clinic closed"  # as `relay destinations disable` writes
+        action = await pool.fetchrow("SELECT operator, reason FROM destination_actions")
+        assert tuple(action) == ("bob (console)", "clinic closed")
+        # Disabled holds the destination's deliveries and pauses its reminders.
         assert await pool.fetchval("SELECT state FROM destinations WHERE state = 'disabled'")
-        assert await pool.fetchval("SELECT count(*) FROM reminders WHERE active") == 2
+        paused = await pool.fetch("SELECT inactive_reason FROM reminders WHERE NOT active")
+        assert [r["inactive_reason"] for r in paused] == ["destination_disabled"] * 2
         auth = {"Authorization": f"Bearer {cs.TOKEN}"}
+        enable = f"{c.url}/api/v1/destinations/{refs[0]}/enable"
+        async with http.post(enable, json={"reason": "reopened"}, headers=auth) as answer:
+            dry = await answer.json()
+        assert (dry["apply"], dry["changed"], dry["reminders_resumed"]) == (False, True, 2)
+        assert await pool.fetchval("SELECT count(*) FROM disabled_destinations") == 1
+        async with http.post(enable, json={"apply": True}, headers=auth) as answer:
+            assert answer.status == 400 and "say why" in (await answer.json())["error"]
         async with http.post(
-            f"{c.url}/api/v1/destinations/{refs[0]}/enable",
-            json={"reason": "reopened"},
-            headers=auth,
+            enable, json={"reason": "reopened", "apply": True}, headers=auth
         ) as answer:
-            assert (await answer.json())["changed"] is True
+            assert (await answer.json())["enabled"] is True
         assert await pool.fetchval("SELECT count(*) FROM disabled_destinations") == 0
         assert await pool.fetchval("SELECT count(*) FROM destinations WHERE state = 'enabled'") == 1
 

@@ -175,11 +175,14 @@ async def test_a_failure_streak_disables_the_destination_holds_its_deliveries_th
         assert event.destination_id == shown["id"]  # type: ignore[attr-defined]
 
         failing.status = 200
-        enabled = await rs.relay(settings, "destinations", "enable", failing.url(), "--json")
+        enabled = await rs.relay(
+            settings, "destinations", "enable", failing.url(), "--reason", "fixed", "--apply",
+            "--json",
+        )  # fmt: skip
         assert enabled.code == 0, enabled.stderr
         # Made due now: each held row not claimed at this very moment (that one is
         # parked once more and goes out a hold later).
-        assert 1 <= json.loads(enabled.stdout)["held"] <= 5
+        assert 4 <= json.loads(enabled.stdout)["held_send"] <= 5
         await rs.wait_for(lambda: delivered(pool, 8), 30, "all delivered after enable")
         assert consumer.metric("relay.delivery.dead_letters") == 0
     assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE state = 'dead'") == 0
@@ -200,15 +203,26 @@ async def test_an_operator_disables_and_enables_a_destination(
     await add(keyed, url)
     off = await rs.relay(keyed, "destinations", "disable", url, "--reason", "migrating", "--json")
     assert off.code == 0, off.stderr
-    assert json.loads(off.stdout) == {"url": url, "disabled": True, "changed": True}
+    assert json.loads(off.stdout) == {
+        "url": url, "disabled": True, "changed": True, "reminders_paused": 0
+    }  # fmt: skip
     again = await rs.relay(keyed, "destinations", "disable", url, "--reason", "again", "--json")
     assert json.loads(again.stdout)["changed"] is False
     shown = json.loads((await rs.relay(keyed, "destinations", "show", url, "--json")).stdout)
     assert (shown["state"], shown["disabled_reason"]) == ("disabled", "operator: migrating")
     assert shown["disabled_at"] is not None
-    on = await rs.relay(keyed, "destinations", "enable", url, "--json")
+    dry = await rs.relay(keyed, "destinations", "enable", url, "--json")
+    assert dry.code == 0 and json.loads(dry.stdout)["enabled"] is False  # a dry run
+    unsaid = await rs.relay(keyed, "destinations", "enable", url, "--apply")
+    assert unsaid.code == 2 and "say why" in unsaid.stderr
+    on = await rs.relay(keyed, "destinations", "enable", url, "--reason", "back", "--apply",
+                        "--json")  # fmt: skip
     assert on.code == 0 and json.loads(on.stdout)["enabled"] is True
     assert (await rs.relay(keyed, "destinations", "enable", url)).code == 1  # not disabled
+    shown = json.loads((await rs.relay(keyed, "destinations", "show", url, "--json")).stdout)
+    assert [(a["action"], a["reason"]) for a in shown["actions"]] == [
+        ("enable", "back"), ("disable", "migrating")
+    ]  # fmt: skip
     missing = await rs.relay(keyed, "destinations", "show", receivers[1].url())
     assert missing.code == 1 and "no destination" in missing.stderr
     refused = await rs.relay(keyed, "destinations", "add", "ftp://partner.example/x")

@@ -19,7 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from service import destinations, outbox
+from service import destination_switch, destinations, outbox
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
@@ -288,10 +288,18 @@ async def test_destination_disabled_during_a_budget_wait_is_held_without_a_reque
         assert [t for t in arrivals if t > disabled_at] == []
         assert await pool.fetchval("SELECT count(*) FROM delivery_attempts") == 1
         async with pool.acquire() as conn:
-            enabled = await destinations.enable(conn, destination)
-        # Woken: the held rows parked at this instant. A row re-checking its hold right now
-        # (claimed, or its 1 s park just over) is not counted, and comes back on its own.
-        assert enabled is not None and enabled.deliveries <= 3
+            enabled = await destination_switch.enable(
+                conn,
+                destination,
+                now=datetime.now(UTC),
+                missed=destination_switch.MissedFire.of(settings),
+                apply=True,
+                operator="test",
+                reason="back",
+            )
+        # Sent: the held rows not claimed at this instant. A row re-checking its hold right
+        # now (claimed) is not counted, and comes back on its own.
+        assert enabled is not None and enabled.held_send <= 3
         await rs.wait_for(lambda: _all_final(pool, 4), 90, "every row final")
         assert await _stop(consumer) == 0
     finally:

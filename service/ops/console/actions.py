@@ -4,10 +4,11 @@ A run is held, released, cancelled or dead-lettered with ``service.control.act_o
 (recorded in ``run_actions``). A replay is ``publisher.replay.Replayer.from_ledger``
 (handed in by the composition root, since the operator tools never import
 ``publisher``): dry run first, then apply, recorded in ``replays`` with the operator and
-the reason. A destination is switched with ``destinations.disable`` /
-``destinations.enable`` (the registry's door, as for ``relay destinations``). Every
-applied action is also one ``console_action`` log line (who, what, why; a destination by
-its reference).
+the reason. A destination is switched with ``service.destination_switch`` as
+``relay destinations disable`` / ``enable`` does: the same checks of the URL and the
+reason, the same outcome, an enable's dry run first; recorded in ``destination_actions``.
+Every applied action is also one ``console_action`` log line (who, what, why; a
+destination by its reference).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from service import control, destinations, ledger, logs
+from service import control, destination_switch, destinations, ledger, logs, netpolicy
+from service.clock import Clock
 from service.ops.console import data
 
 log = logs.get("console")
@@ -68,11 +70,21 @@ class ReplayRequest:
     source: str = "ledger"  # or "queue": the dead-letter queue, judged letter by letter
 
 
+@dataclass(frozen=True)
+class Switching:
+    """What a destination switch needs beside the pool (as ``relay destinations`` has)."""
+
+    allow: netpolicy.AllowList  # RELAY_ALLOW_NETWORKS: the URL check
+    missed: destination_switch.MissedFire  # the count of owed occurrences
+    clock: Clock
+
+
 @dataclass
 class Actions:
     pool: asyncpg.Pool
     replay: Replay
     queue_depth: QueueDepth
+    switching: Switching
 
     async def replay_dead(
         self, operator: str, request: ReplayRequest, *, apply: bool, reason: str
@@ -125,24 +137,47 @@ class Actions:
         return result.as_dict()
 
     async def switch_destination(
-        self, operator: str, ref: str, *, enable: bool, reason: str
+        self, operator: str, ref: str, *, enable: bool, apply: bool, reason: str
     ) -> dict[str, Any]:
-        """Disable or enable the destination with this reference."""
-        reason = check_reason(reason, True)
+        """Disable (always applied) or enable (a dry run unless ``apply``) the destination
+        with this reference, as ``relay destinations disable`` / ``enable`` does: the same
+        checks, the same outcome, the same JSON."""
         found = await data.destinations(self.pool, ref, 1)
         if not found:
             raise ActionError("no such destination")
-        destination = found[0]["destination"]
-        if enable:
+        try:
+            url = destination_switch.target(found[0]["destination"], self.switching.allow)
             async with self.pool.acquire() as conn:
-                back = await destinations.enable(conn, destination)
-            changed = back is not None
-        else:
-            changed = not found[0]["disabled"]
-            await destinations.disable(self.pool, destination, f"{reason} ({operator}, console)")
-        action = "destination_enable" if enable else "destination_disable"
-        _record(action, operator, reason, destination_ref=ref, changed=changed)
-        return {"destination_ref": ref, "disabled": not enable, "changed": changed}
+                if enable:
+                    result = await self._enable(conn, url, operator, apply, reason)
+                else:
+                    apply = True
+                    done = await destination_switch.disable(
+                        conn, url, operator=operator, reason=reason
+                    )
+                    result = destination_switch.disabled_dict(url, done)
+        except destination_switch.SwitchRefused as exc:
+            raise ActionError(str(exc)) from None
+        if apply and result["changed"]:
+            action = "destination_enable" if enable else "destination_disable"
+            _record(action, operator, reason.strip(), destination_ref=ref, changed=True)
+        return {"destination_ref": ref, **result}
+
+    async def _enable(
+        self, conn: destinations.Connection, url: str, operator: str, apply: bool, reason: str
+    ) -> dict[str, Any]:
+        done = await destination_switch.enable(
+            conn,
+            url,
+            now=self.switching.clock.now(),
+            missed=self.switching.missed,
+            apply=apply,
+            operator=operator,
+            reason=reason,
+        )
+        if done is None:
+            raise ActionError("no such destination (not registered)")
+        return done.as_dict()
 
 
 def _fields(request: ReplayRequest) -> dict[str, Any]:

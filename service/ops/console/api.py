@@ -108,6 +108,7 @@ async def switch_destination(request: web.Request) -> web.Response:
             operator_name(request),
             ref,
             enable=request.match_info["action"] == "enable",
+            apply=body.get("apply") is True,
             reason=str(body.get("reason", "")),
         )
     except actions.ActionError as exc:

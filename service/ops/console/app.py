@@ -48,11 +48,12 @@ def build(
     replay: actions.Replay,
     queue_depth: actions.QueueDepth,
     door: security.Door,
+    switching: actions.Switching,
 ) -> web.Application:
     """The console's aiohttp application."""
     app = web.Application(middlewares=[security.middleware(door)], client_max_size=64 * 1024)
     app[POOL] = pool
-    app[ACTIONS] = actions.Actions(pool, replay, queue_depth)
+    app[ACTIONS] = actions.Actions(pool, replay, queue_depth, switching)
     app[DOOR] = door
     app[TEMPLATES] = templates()
     app.add_routes(pages.routes())

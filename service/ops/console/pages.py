@@ -157,22 +157,24 @@ async def destinations(request: web.Request) -> web.StreamResponse:
 
 
 async def switch_destination(request: web.Request) -> web.StreamResponse:
+    """Disable a destination, or enable one: a dry run first (its counts), then the
+    confirmation."""
     form = await request.post()
     ref = params.ref(request.match_info["ref"])
     assert ref is not None  # the route's pattern requires it
+    action = request.match_info["action"]
+    title = f"Destination {ref}: {action}"
     try:
-        await request.app[ACTIONS].switch_destination(
+        result = await request.app[ACTIONS].switch_destination(
             operator_name(request),
             ref,
-            enable=request.match_info["action"] == "enable",
+            enable=action == "enable",
+            apply=params.flag(form, "apply"),
             reason=str(form.get("reason", "")),
         )
     except actions.ActionError as exc:
-        found = await data.destinations(request.app[POOL])
-        return render(
-            request, "destinations.html", "Destinations", 400, destinations=found, error=str(exc)
-        )
-    raise web.HTTPSeeOther("/destinations")
+        return render(request, "destination_switch.html", title, 400, error=str(exc), ref=ref)
+    return render(request, "destination_switch.html", title, result=result, ref=ref)
 
 
 def routes() -> list[web.RouteDef]:

@@ -20,7 +20,9 @@ import asyncpg
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
-from service import amqp, db, errors, ledger, logs, telemetry
+from service import amqp, db, destination_switch, errors, ledger, logs, telemetry
+from service.clock import SystemClock
+from service.ops import destinations as ops_destinations
 from service.ops.console import actions, app, security
 from service.settings import Settings
 
@@ -90,6 +92,7 @@ async def serving(
     settings: Settings, door: security.Door
 ) -> AsyncIterator[tuple[web.AppRunner, int]]:
     """The console listening on RELAY_CONSOLE_HOST:PORT; yields the runner and its port."""
+    switch = switching(settings)  # a bad RELAY_ALLOW_NETWORKS stops it before connecting
     async with contextlib.AsyncExitStack() as stack:
         pool = await db.create_pool(settings, size=4)
         stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
@@ -98,7 +101,7 @@ async def serving(
         topology = amqp.Topology.from_settings(settings)
         replay = make_replay(pool, publisher, connection, topology, telemetry.noop())
         depth = make_queue_depth(connection, topology, settings.amqp_timeout_seconds)
-        runner = web.AppRunner(app.build(pool, replay, depth, door), access_log=None)
+        runner = web.AppRunner(app.build(pool, replay, depth, door, switch), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, settings.console_host, settings.console_port)
@@ -110,6 +113,15 @@ async def serving(
                 f"RELAY_CONSOLE_PORT: cannot listen on {where} ({exc.strerror})"
             ) from None
         yield runner, _port(runner)
+
+
+def switching(settings: Settings) -> actions.Switching:
+    """What the destination switch needs, from the settings ``relay destinations`` reads."""
+    return actions.Switching(
+        allow=ops_destinations.allowed_networks(settings),
+        missed=destination_switch.MissedFire.of(settings),
+        clock=SystemClock(),
+    )
 
 
 def _port(runner: web.AppRunner) -> int:
