@@ -41,6 +41,10 @@ async def sample_once(
         snapshot.latest_run_completion = run.sendable_completion_ratio
         snapshot.latest_run_age_seconds = (now - run.intended_fire_at).total_seconds()
         snapshot.latest_run_lag_seconds = run.lag_seconds
+    # Any publish run, empty or not, proves the CronJob runs (RelayPublishRunsStopped).
+    started = await runs.latest_publish_start(pool)
+    if started is not None:
+        snapshot.last_publish_start = started.timestamp()
     channel = await connection.channel()
     try:
         depths = {}

@@ -25,6 +25,9 @@ class Snapshot:
     latest_run_completion: float | None = None
     latest_run_age_seconds: float | None = None
     latest_run_lag_seconds: float | None = None
+    # Unix time the newest publish run started, empty runs included: a timestamp, not an
+    # age, so a sampler that stops refreshing cannot freeze it young.
+    last_publish_start: float | None = None
     ready: bool = False
 
 
@@ -91,6 +94,12 @@ def _run_gauges(gauge: _Gauge, snapshot: Snapshot) -> None:
         "s",
         "Scheduler lag of the latest publish run",
         lambda: _optional(snapshot.latest_run_lag_seconds),
+    )
+    gauge(
+        "relay.run.last_start.timestamp",
+        "s",
+        "When the newest publish run started (Unix time), whether it admitted work or not",
+        lambda: _optional(snapshot.last_publish_start),
     )
     build = {"version": conventions.version(), "python": platform.python_version()}
     gauge(

@@ -191,6 +191,13 @@ async def latest_with_work(executor: ledger.Executor) -> int | None:
     return run_id
 
 
+async def latest_publish_start(executor: ledger.Executor) -> datetime | None:
+    """When the newest publish run started (the database's clock), whether or not it
+    admitted anything; None before the first run."""
+    started: datetime | None = await executor.fetchval(db.q("latest_publish_run_start"))
+    return started
+
+
 async def reports(
     executor: ledger.Executor,
     run_id: int | None,

@@ -26,6 +26,8 @@ DOCKERFILE = DEPLOY / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 COMPOSE = REPO / "docker-compose.yml"
 CONSTRAINTS = DEPLOY / "constraints.txt"
+ALERTS = DEPLOY / "observability" / "alerts.yaml"
+ALERT_TESTS = DEPLOY / "observability" / "alerts.test.yaml"
 
 # Every kustomization that must build; the first three are what an operator applies.
 KUSTOMIZATIONS = ["base", "overlays/example", "overlays/example/replay", "replay"]
@@ -58,6 +60,20 @@ def load_docs(path: Path) -> list[Obj]:
     """All non-empty YAML documents of a file."""
     with path.open(encoding="utf-8") as fh:
         return [doc for doc in yaml.safe_load_all(fh) if doc is not None]
+
+
+@cache
+def alert_rules() -> tuple[Obj, ...]:
+    """Every rule of deploy/observability/alerts.yaml, across its groups."""
+    doc = load_docs(ALERTS)
+    assert len(doc) == 1, "alerts.yaml: one YAML document with `groups`"
+    return tuple(rule for group in doc[0]["groups"] for rule in group["rules"])
+
+
+@cache
+def alert_test_cases() -> tuple[Obj, ...]:
+    """The promtool unit test cases of deploy/observability/alerts.test.yaml."""
+    return tuple(load_docs(ALERT_TESTS)[0]["tests"])
 
 
 def parse_relay_args(argv: list[str], where: str) -> Any:
