@@ -293,7 +293,11 @@ def _add_partner_and_demo(sub: Subcommands) -> None:
     demo.add_argument(
         "--consumers", type=int, default=2, help="consumer processes to start (default 2)"
     )
-    demo.add_argument("--keep", action="store_true", help="leave the demo's data in place")
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the run's own database and broker namespace in place (removed by default)",
+    )
 
 
 def resolve(name: str) -> Handler:

@@ -1,12 +1,14 @@
 """``relay demo``: the whole pipeline on this machine, with real processes.
 
-It makes a fresh ``relay_demo`` database on the configured PostgreSQL server and uses
-its own broker namespace, starts the demo partner endpoint (which verifies signatures
-and counts logical events per idempotency key), loads sample reminders due now
-(a few pointing at a path that fails once with 503, a few at one that rejects with 400),
-then runs ``relay migrate``, ``relay reminders load``, ``relay publish`` and
-``relay consume`` as subprocesses — exactly what an operator would run — until the
-ledger has nothing left to do, and prints the run report and the partner's counts.
+Each run makes its own database (``relay_demo_<hex>``) on the configured PostgreSQL server
+and uses its own broker namespace (``relay-demo-<hex>``), so two demos on the same servers
+never meet; both are removed when the run ends, however it ends (``--keep`` leaves them).
+It starts the demo partner endpoint (which verifies signatures and counts logical events
+per idempotency key), loads sample reminders due now (a few pointing at a path that fails
+once with 503, a few at one that rejects with 400), then runs ``relay migrate``, ``relay
+reminders load``, ``relay publish`` and ``relay consume`` as subprocesses — exactly what an
+operator would run — until the ledger has nothing left to do, and prints the run report and
+the partner's counts.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,8 +37,22 @@ from service import amqp, db, errors
 from service.ops import partner as partner_mod
 from service.settings import Settings
 
-DEMO_DB = "relay_demo"  # also named in the demo_* queries
-DEMO_NAMESPACE = "relay-demo"
+
+@dataclass(frozen=True)
+class _Run:
+    """What one demo run owns on the shared servers and on disk."""
+
+    token: str  # random hex: two runs at once never pick the same
+    database_url: str
+    state_dir: Path
+
+    @property
+    def database(self) -> str:
+        return f"relay_demo_{self.token}"
+
+    @property
+    def namespace(self) -> str:
+        return f"relay-demo-{self.token}"
 
 
 def _with_database(url: str, name: str) -> str:
@@ -41,25 +60,71 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
-async def _fresh_database(settings: Settings) -> str:
+def _database_sql(block: str, name: str) -> str:
+    """A demo_* block with ``{database}`` for the database ``name`` (an identifier cannot
+    be a parameter: the name is the demo's own, checked, and quoted)."""
+    if not re.fullmatch(r"relay_demo_[0-9a-f]+", name):
+        raise ValueError(f"not a demo database name: {name!r}")
+    return block.replace("{database}", f'"{name}"')
+
+
+async def _admin(settings: Settings, sql: str) -> None:
     # Through db.create_pool: a server that cannot be used is one line naming it (exit 3).
     admin = await db.create_pool(settings, size=1, check_schema=False)
     try:
-        await admin.execute(db.q("demo_drop_database"))
-        await admin.execute(db.q("demo_create_database"))
+        await admin.execute(sql)
     finally:
         await admin.close()
-    return _with_database(settings.database_url.get_secret_value(), DEMO_DB)
 
 
-async def _fresh_namespace(settings: Settings) -> None:
+async def _delete_namespace(settings: Settings, namespace: str) -> None:
     connection = await amqp.connect(settings, name="relay-demo")
     async with connection:
         channel = await connection.channel()
         topology = amqp.Topology.from_settings(
-            settings.model_copy(update={"amqp_namespace": DEMO_NAMESPACE})
+            settings.model_copy(update={"amqp_namespace": namespace})
         )
         await amqp.delete_topology(channel, topology)
+
+
+async def _remove(settings: Settings, run: _Run) -> None:
+    """Drop the run's database and delete its broker namespace; a part that cannot be
+    removed is one line naming it (the demo's outcome stands)."""
+    drop = _database_sql(db.q("demo_drop_database"), run.database)
+    try:
+        await _admin(settings, drop)
+    except Exception as exc:  # the server went away meanwhile: say what is left
+        print(f"-- could not drop database {run.database} ({type(exc).__name__})")
+    try:
+        await _delete_namespace(settings, run.namespace)
+    except Exception as exc:
+        print(f"-- could not delete broker namespace {run.namespace} ({type(exc).__name__})")
+
+
+@contextlib.asynccontextmanager
+async def _own_servers(settings: Settings, keep: bool) -> AsyncIterator[_Run]:
+    """A database and a broker namespace of this run's own, removed when it ends (also
+    on failure or Ctrl-C) unless ``keep``."""
+    token = secrets.token_hex(4)
+    run = _Run(
+        token=token,
+        database_url=_with_database(
+            settings.database_url.get_secret_value(), f"relay_demo_{token}"
+        ),
+        state_dir=Path(settings.state_dir) / "demo" / token,
+    )
+    await _admin(settings, _database_sql(db.q("demo_create_database"), run.database))
+    run.state_dir.mkdir(parents=True, exist_ok=True)
+    print(
+        f"-- this run: database {run.database}, broker namespace {run.namespace}, files in"
+        f" {run.state_dir} ({'kept' if keep else 'removed'} at the end)",
+        flush=True,
+    )
+    try:
+        yield run
+    finally:
+        if not keep:
+            await _remove(settings, run)
 
 
 def _reminder_lines(count: int, port: int) -> list[str]:
@@ -92,9 +157,15 @@ class _Relay:
     env: dict[str, str]  # points them at the demo's database, broker namespace and partner
 
     async def run(self, *argv: str, stderr: IO[Any] | None = None) -> int:
-        """Run one subcommand to completion; its exit code."""
+        """Run one subcommand to completion; its exit code. Interrupted (Ctrl-C), the
+        subcommand is killed: nothing outlives the demo."""
         proc = await self.start(*argv, stderr=stderr)
-        return await proc.wait()
+        try:
+            return await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
 
     async def start(self, *argv: str, stderr: IO[Any] | None = None) -> asyncio.subprocess.Process:
         """Start one subcommand; the caller waits for it."""
@@ -103,11 +174,11 @@ class _Relay:
         )
 
 
-def _demo_env(database_url: str, secret: str) -> dict[str, str]:
+def _demo_env(run: _Run, secret: str) -> dict[str, str]:
     return {
         **os.environ,
-        "RELAY_DATABASE_URL": database_url,
-        "RELAY_AMQP_NAMESPACE": DEMO_NAMESPACE,
+        "RELAY_DATABASE_URL": run.database_url,
+        "RELAY_AMQP_NAMESPACE": run.namespace,
         "RELAY_ALLOW_NETWORKS": "127.0.0.0/8",
         "RELAY_WEBHOOK_SIGNING_SECRETS": secret,
         "RELAY_RETRY_BASE_SECONDS": "1",
@@ -172,9 +243,14 @@ async def _open_rows(pool: asyncpg.Pool) -> int:
 
 
 async def _stop(consumers: list[asyncio.subprocess.Process]) -> None:
-    """SIGTERM every consumer (each drains and exits), then wait for all of them."""
-    for proc in consumers:
-        proc.send_signal(signal.SIGTERM)
+    """SIGTERM every consumer still running (each drains and exits), then wait for all of
+    them; one that had exited on its own is named (its log says why)."""
+    for index, proc in enumerate(consumers, 1):
+        if proc.returncode is not None:
+            print(f"-- consumer {index} had exited on its own (exit {proc.returncode})")
+            continue
+        with contextlib.suppress(ProcessLookupError):  # exiting just now
+            proc.send_signal(signal.SIGTERM)
     for proc in consumers:
         await proc.wait()
 
@@ -202,25 +278,28 @@ async def _report(relay: _Relay, partner: partner_mod.Partner) -> None:
 
 
 async def main(args: argparse.Namespace, settings: Settings) -> int:
-    """``relay demo``: set up, load, publish, consume until drained, then report."""
+    """``relay demo``: set up, load, publish, consume until drained, report, clean up."""
     print("== reminder-relay demo ==", flush=True)
-    database_url = await _fresh_database(settings)
-    await _fresh_namespace(settings)
+    async with _own_servers(settings, keep=args.keep) as run:
+        return await _run(args, run)
+
+
+async def _run(args: argparse.Namespace, run: _Run) -> int:
+    """Load, publish, consume until drained, then the report (before the run's database
+    is dropped)."""
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
     partner = _demo_partner(secret)
     runner, port = await partner_mod.start(partner)
-    state_dir = Path(settings.state_dir) / "demo"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    relay = _Relay(_demo_env(database_url, secret))
+    relay = _Relay(_demo_env(run, secret))
     consumers: list[asyncio.subprocess.Process] = []
-    log_path = state_dir / "consumers.log"
+    log_path = run.state_dir / "consumers.log"
     try:
-        if not await _migrate_and_load(relay, state_dir, args.reminders, port):
+        if not await _migrate_and_load(relay, run.state_dir, args.reminders, port):
             return errors.ExitCode.INCOMPLETE
         started = time.monotonic()
-        await _publish(relay, state_dir)
+        await _publish(relay, run.state_dir)
         await _start_consumers(relay, args.consumers, log_path, consumers)
-        await _wait_until_drained(database_url, timeout_seconds=120)
+        await _wait_until_drained(run.database_url, timeout_seconds=120)
         elapsed = time.monotonic() - started
         await _stop(consumers)
         print(f"-- drained in {elapsed:.1f} s; consumer logs: {log_path}", flush=True)

@@ -522,10 +522,12 @@ SELECT count(*) FROM deliveries WHERE state IN ('pending', 'queued', 'sending', 
 ---------------------------------------------------------------------------- demo
 
 -- name: demo_drop_database
-DROP DATABASE IF EXISTS relay_demo WITH (FORCE);
+-- {database}: one demo run's own database (relay_demo_<hex>, named and quoted by
+-- service/ops/demo.py: an identifier cannot be a parameter).
+DROP DATABASE IF EXISTS {database} WITH (FORCE);
 
 -- name: demo_create_database
-CREATE DATABASE relay_demo;
+CREATE DATABASE {database};
 
 ---------------------------------------------------------------------------- replay
 

@@ -2,8 +2,10 @@
 
 Everything here runs offline and in well under a second per test, except the test marked
 ``image_install`` (tests/deploy/test_image_install.py), which replays the Dockerfile's
-install steps in a fresh virtualenv (about a minute; needs PyPI or pip's cache).
-Select or skip it with ``-m image_install`` / ``-m "not image_install"``.
+install steps in a fresh virtualenv (about a minute; needs PyPI or pip's cache), and the
+two tests of tests/deploy/test_bootstrap.py that let scripts/bootstrap make a virtualenv
+(about 20 s each; pip's cache or PyPI). Select or skip the first with ``-m image_install``
+/ ``-m "not image_install"``.
 """
 
 from __future__ import annotations

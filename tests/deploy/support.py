@@ -318,3 +318,31 @@ def venv_bin(name: str) -> Path | None:
         return candidate
     found = shutil.which(name)
     return Path(found) if found else None
+
+
+# --- a machine with Python 3.11 alone ---------------------------------------------------
+
+# What scripts/bootstrap, scripts/services (up) and scripts/test (--check-pythons) run,
+# besides bash's builtins.
+SCRIPT_TOOLS = (
+    "bash", "env", "dirname", "sha256sum", "cut", "rm", "touch", "mkdir", "cat", "sed",
+    "grep", "timeout", "date", "head", "tail", "awk", "realpath", "ls", "sort", "id",
+    "readlink", "stat",
+)  # fmt: skip
+
+
+def only_python_311_path(bin_dir: Path) -> Path:
+    """A directory for PATH with one interpreter, ``python3.11`` (the one this test
+    session's virtualenv was made from), and the tools the scripts use: no python3,
+    python3.12, python3.13, pyenv or apt-get."""
+    python = Path(sys.base_prefix) / "bin" / "python3.11"
+    assert python.exists(), f"no Python 3.11 at {python}"
+    if (bin_dir / "python3.11").exists():
+        return bin_dir  # made by an earlier call
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python3.11").symlink_to(python)
+    for tool in SCRIPT_TOOLS:
+        found = shutil.which(tool)
+        assert found, f"{tool} is not on this machine's PATH"
+        (bin_dir / tool).symlink_to(found)
+    return bin_dir

@@ -141,8 +141,9 @@ def promtool() -> str:
     )
     if found is None:
         pytest.fail(
-            "promtool is not installed: run scripts/test (it installs Debian's "
-            "`prometheus` package, which ships /usr/bin/promtool)"
+            "promtool is not installed: install Debian's `prometheus` package, which ships "
+            "/usr/bin/promtool (as root: apt-get install prometheus; scripts/test does it "
+            "when run as root)"
         )
     return found
 

@@ -1,8 +1,14 @@
-"""Smoke tests for tests.support.nodes: throwaway servers start, die and come back."""
+"""Smoke tests for tests.support.nodes: throwaway servers start, die and come back; a
+start survives a pid file read half-written, and one that fails is retried once, then
+says why (the server's log) and leaves no process behind."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -10,7 +16,14 @@ import aio_pika
 import asyncpg
 import pytest
 
-from tests.support.nodes import accepts_tcp, free_port, free_ports, start_postgres, start_rabbitmq
+from tests.support.nodes import (
+    NodeError,
+    accepts_tcp,
+    free_port,
+    free_ports,
+    start_postgres,
+    start_rabbitmq,
+)
 
 pytestmark = pytest.mark.fault
 
@@ -78,3 +91,106 @@ def test_rabbitmq_node_kill_and_restart(tmp_path: Path) -> None:
     finally:
         node.cleanup()
     assert not node.running and not accepts_tcp(node.port)
+
+
+def _node_processes(marker: str) -> list[int]:
+    """Pids whose environment holds ``marker`` (scripts/services tags a RabbitMQ node's
+    processes with RELAY_RABBIT_NODE=DIR) or whose working directory is ``marker`` (every
+    process of a PostgreSQL cluster runs in its data directory)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            cwd = os.readlink(proc / "cwd").removesuffix(" (deleted)")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            if cwd == marker or marker.encode() in environ:
+                found.append(int(proc.name))
+    return found
+
+
+class _EmptyPidFileKeeper(threading.Thread):
+    """Recreates a pid file empty whenever it is missing (never truncating one), until it
+    holds something: the moment a booting node has created its pid file and not yet
+    written it, stretched from microseconds to the whole boot before the node's write."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.created = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            with contextlib.suppress(FileExistsError, FileNotFoundError):
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                self.created += 1
+            with contextlib.suppress(OSError):
+                if self.path.stat().st_size > 0:
+                    return
+            time.sleep(0.001)
+
+
+def test_rabbitmq_node_starts_although_its_pid_file_is_empty_for_a_while(tmp_path: Path) -> None:
+    port, dist_port = free_ports(2)
+    node_dir = tmp_path / f"rabbit-{port}"
+    node_dir.mkdir()
+    keeper = _EmptyPidFileKeeper(node_dir / "rabbitmq.pid")
+    keeper.start()
+    try:
+        node = start_rabbitmq(tmp_path, port, dist_port)  # rabbitmq-server wrote it at last
+    finally:
+        keeper.done.set()
+        keeper.join()
+    try:
+        assert keeper.created >= 1, "the empty pid file was never staged"
+        assert (node_dir / "rabbitmq.pid").read_text().strip() == str(node.pid)
+        assert asyncio.run(_amqp_roundtrip(node.url)) == b"ping"
+    finally:
+        node.cleanup()
+
+
+def test_rabbitmq_node_whose_port_is_taken_is_retried_once_then_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    port, dist_port = free_ports(2)
+    marker = f"RELAY_RABBIT_NODE={os.path.realpath(tmp_path / f'rabbit-{port}')}"
+    with socket.socket() as taken:  # bound, not listening: the node's own bind fails
+        taken.bind(("127.0.0.1", port))
+        with pytest.raises(NodeError) as failed:
+            start_rabbitmq(tmp_path, port, dist_port)
+    said = str(failed.value)
+    assert said.count("did not start; retrying once") == 1, said
+    assert "eaddrinuse" in said and "(last 20 lines)" in said, said  # the node's log tail
+    assert _node_processes(marker) == []
+    assert not accepts_tcp(port) and not accepts_tcp(dist_port)
+
+
+def test_rabbitmq_node_with_a_broken_cookie_fails_saying_why_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    port, dist_port = free_ports(2)
+    node_dir = tmp_path / f"rabbit-{port}"
+    (node_dir / "home").mkdir(parents=True)
+    cookie = node_dir / "home" / ".erlang.cookie"
+    cookie.write_text("not-private")
+    cookie.chmod(0o644)  # Erlang refuses a cookie others may read
+    with pytest.raises(NodeError) as failed:
+        start_rabbitmq(tmp_path, port, dist_port)
+    said = str(failed.value)
+    assert "must be accessible by owner only" in said, said  # from the VM's crash dump
+    assert _node_processes(f"RELAY_RABBIT_NODE={os.path.realpath(node_dir)}") == []
+
+
+def test_postgres_node_whose_port_is_taken_is_retried_once_then_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    with socket.socket() as taken:  # bound, not listening: the postmaster's bind fails
+        taken.bind(("127.0.0.1", port))
+        with pytest.raises(NodeError) as failed:
+            start_postgres(tmp_path, port)
+    said = str(failed.value)
+    assert said.count("did not start in") == 2 and "retrying once" in said, said
+    assert "could not bind" in said and "Address already in use" in said, said  # log tail
+    data = os.path.realpath(tmp_path / f"pg-{port}" / "data")
+    assert _node_processes(data) == []
+    assert not accepts_tcp(port)

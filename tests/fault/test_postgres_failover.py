@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,45 +25,13 @@ import asyncpg
 import pytest
 
 from tests.support.fleet import Facts, drain_settings, eventually, start_drain
-from tests.support.nodes import (
-    NODES_BASE,
-    PostgresNode,
-    RabbitNode,
-    _ensure_public_dir,
-    free_port,
-)
+from tests.support.nodes import PostgresNode, RabbitNode
 from tests.support.relay import RunningPartner
+from tests.support.replication import promote, start_standby
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(300)]
 
 ROWS = 2000
-BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def _as_postgres(*args: str | Path, timeout: float = 120) -> None:
-    cmd = ["runuser", "-u", "postgres", "--", *(str(a) for a in args)]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd="/", stdin=subprocess.DEVNULL
-    )
-    assert proc.returncode == 0, f"{' '.join(cmd)}: {proc.stderr[-1500:]}"
-
-
-def _start_standby(primary: PostgresNode) -> PostgresNode:
-    """A streaming standby of ``primary`` on a port of its own, data under NODES_BASE."""
-    _ensure_public_dir(NODES_BASE)
-    owned = Path(tempfile.mkdtemp(prefix="pg-standby-", dir=NODES_BASE))
-    shutil.chown(owned, "postgres", "postgres")
-    standby = PostgresNode(dir=owned, port=free_port(), owned_dir=owned)
-    try:
-        _as_postgres(
-            BIN / "pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
-            "-D", owned / "data", "-R", "-X", "stream",
-        )  # fmt: skip
-        standby.start()
-    except BaseException:
-        standby.cleanup()
-        raise
-    return standby
 
 
 async def _replicating_synchronously(primary: PostgresNode) -> None:
@@ -79,14 +44,14 @@ async def _replicating_synchronously(primary: PostgresNode) -> None:
             states = await conn.fetch("SELECT sync_state FROM pg_stat_replication")
             return [r["sync_state"] for r in states] == ["sync"]
 
-        assert await eventually(sync, 30), "the standby never became synchronous"
+        assert await eventually(sync, 60), "the standby never became synchronous"
     finally:
         await conn.close()
 
 
 @pytest.fixture
 def standby(pg: PostgresNode) -> Iterator[PostgresNode]:
-    node = _start_standby(pg)
+    node = start_standby(pg)  # returned streaming from pg
     try:
         yield node
     finally:
@@ -117,9 +82,7 @@ async def test_primary_killed_and_standby_promoted_during_a_drain_loses_nothing(
         await fleet.wait_delivered(ROWS // 4, timeout=60)
         fleet.note(f"SIGKILL the primary (port {pg.port})")
         await asyncio.to_thread(pg.kill)
-        await asyncio.to_thread(
-            _as_postgres, BIN / "pg_ctl", "promote", "-w", "-D", standby.dir / "data"
-        )
+        await asyncio.to_thread(promote, standby)
         promoted = fleet.note(f"standby promoted (port {standby.port})")
 
         facts = Facts(fleet)

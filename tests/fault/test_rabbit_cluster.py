@@ -36,6 +36,7 @@ import pytest
 from service import amqp, db, messages
 from service.settings import Settings
 from tests.support import relay as rs
+from tests.support import replication
 from tests.support.fleet import Facts, drain_settings, eventually, start_drain
 from tests.support.nodes import NodeError, PostgresNode, RabbitNode, free_ports
 from tests.support.relay import RunningPartner
@@ -104,9 +105,8 @@ def _start_cluster(base: Path) -> Cluster:
         with ThreadPoolExecutor(SIZE) as pool:
             list(pool.map(RabbitNode.start, nodes))
         for node in nodes[1:]:
-            node.ctl("stop_app")
-            node.ctl("join_cluster", nodes[0].node_name)
-            node.ctl("start_app")
+            replication.join_cluster(node, nodes[0])
+        replication.await_cluster(nodes[0], SIZE)
     except BaseException:
         _stop(cluster)
         raise
@@ -133,7 +133,8 @@ def cluster(module_cluster: Cluster) -> Cluster:
     """The module's cluster with every node running (one a previous test killed rejoins)."""
     for node in module_cluster.nodes:
         if not node.running:
-            node.start()
+            node.start()  # it rejoins the cluster it was in
+    replication.await_cluster(module_cluster.nodes[0], SIZE)
     assert module_cluster.members() == SIZE
     return module_cluster
 

@@ -29,7 +29,10 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's package: scripts/test installs it whe
 @pytest.fixture
 async def browser() -> Browser:
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} missing: run scripts/test (it installs Debian's chromium)")
+        pytest.fail(
+            f"{CHROMIUM} missing: install Debian's chromium package (as root: apt-get install"
+            " chromium; scripts/test does it when run as root)"
+        )
     async with async_playwright() as p:
         launched = await p.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:

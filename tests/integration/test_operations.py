@@ -4,12 +4,15 @@ and a run report that says exactly who did not get it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import signal
 import socket
 import urllib.request
 from pathlib import Path
 
+import aio_pika
 import asyncpg
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -210,7 +213,7 @@ async def test_demo_logs_hold_no_addresses_payloads_or_secrets(
     )
     assert result.code == 0, result.stderr[-3000:]
     assert "logical events=" in result.stdout
-    logs = [p.read_text() for p in (tmp_path / "demo").glob("*.log")]
+    logs = [p.read_text() for p in (tmp_path / "demo").glob("*/*.log")]  # demo/<run>/
     logs.append(result.stderr)
     lines = [line for text in logs for line in text.splitlines() if line.strip()]
     assert len(lines) > 200  # the consumers did log every attempt
@@ -231,3 +234,84 @@ async def test_demo_logs_hold_no_addresses_payloads_or_secrets(
         "amqp://",
     ):
         assert forbidden not in text, forbidden
+
+
+_DEMO_RUN = re.compile(r"^-- this run: database (relay_demo_[0-9a-f]+), broker namespace (\S+),")
+
+
+async def _demo_leftovers(settings: Settings, stdout: str) -> list[str]:
+    """What of a demo run (named on its first lines) is still on the shared servers: its
+    database, its work queue, a process started with its namespace."""
+    found = _DEMO_RUN.search(stdout.split("\n", 2)[1])
+    assert found, stdout[:500]
+    database, namespace = found.groups()
+    left = []
+    conn = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        if await conn.fetchval("SELECT count(*) FROM pg_database WHERE datname = $1", database):
+            left.append(f"database {database}")
+    finally:
+        await conn.close()
+    topology = amqp.Topology.from_settings(
+        settings.model_copy(update={"amqp_namespace": namespace})
+    )
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value(), timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        with contextlib.suppress(aio_pika.exceptions.ChannelNotFoundEntity):
+            await channel.declare_queue(topology.lane_queue(amqp.BULK), passive=True)
+            left.append(f"queue {topology.lane_queue(amqp.BULK)}")
+    marker = f"RELAY_AMQP_NAMESPACE={namespace}".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                left.append(f"process {proc.name}")
+    return left
+
+
+async def test_two_demos_at_once_on_the_same_servers_both_deliver_and_leave_nothing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # 30 reminders each: demo-00007 fails once (503) then is delivered, demo-00013 is
+    # rejected (400, dead): 29 logical events per run, at the partner of that run.
+    runs = await asyncio.gather(
+        *(
+            rs.relay(
+                settings,
+                "demo",
+                *("--reminders", "30", "--consumers", "1"),
+                timeout=240,
+                STATE_DIR=str(tmp_path),
+            )
+            for _ in range(2)
+        )
+    )
+    for run in runs:
+        assert run.code == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert "logical events=29 duplicates=0 bad signatures=0" in run.stdout, run.stdout
+        assert "-- run report (relay status)" in run.stdout
+        assert await _demo_leftovers(settings, run.stdout) == []
+    first, second = (_DEMO_RUN.search(r.stdout.split("\n", 2)[1]) for r in runs)
+    assert first and second and first.groups() != second.groups()
+
+
+async def test_an_interrupted_demo_removes_its_database_namespace_and_processes(
+    settings: Settings, tmp_path: Path
+) -> None:
+    demo = await asyncio.create_subprocess_exec(
+        *rs.relay_command("demo", "--reminders", "2000"),
+        env=rs.env_for(settings, STATE_DIR=str(tmp_path)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=rs.REPO,
+    )
+    assert demo.stdout is not None
+    seen = b""
+    while b"-- starting 2 consumers" not in seen:  # its topology declared, consumers up
+        line = await asyncio.wait_for(demo.stdout.readline(), 120)
+        assert line, seen.decode()
+        seen += line
+    demo.send_signal(signal.SIGINT)  # Ctrl-C
+    rest, _ = await asyncio.wait_for(demo.communicate(), 120)
+    assert demo.returncode == 130
+    assert await _demo_leftovers(settings, (seen + rest).decode()) == []

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICES = REPO_ROOT / "scripts" / "services"
@@ -90,18 +91,29 @@ def pid_alive(pid: int) -> bool:
 
 
 def _run_services(*args: str | Path, timeout: float) -> str:
-    """Run ``scripts/services ARGS``; return its stdout or raise NodeError."""
+    """Run ``scripts/services ARGS``; return its stdout or raise NodeError (with the tail
+    of its stderr: the server logs a failed start shows)."""
     cmd = [str(SERVICES), *(str(a) for a in args)]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise NodeError(f"{' '.join(cmd)} timed out after {timeout:.0f} s") from exc
+    # Its own session, so a timeout ends the script's helpers (rabbitmqctl) with it.
+    with subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise NodeError(f"{' '.join(cmd)} timed out after {timeout:.0f} s") from exc
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
+        tail = "\n".join(stderr.strip().splitlines()[-60:])
         raise NodeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{tail}")
-    return proc.stdout
+    return stdout
 
 
 def _last_line_pid(stdout: str) -> int:
@@ -135,9 +147,18 @@ class _Node:
         return self.pid > 0 and pid_alive(self.pid)
 
     def start(self) -> None:
-        """Start the server (a no-op if it runs) and wait until it is ready."""
+        """Start the server (a no-op if it runs) and wait until it is ready.
+
+        ``scripts/services`` retries a failed start once and leaves nothing running after
+        a second failure; should it itself be cut short (a timeout), what it started is
+        stopped here before the error is raised."""
         began = time.monotonic()
-        out = _run_services(self._kind, "start", *self._start_args(), timeout=START_TIMEOUT)
+        try:
+            out = _run_services(self._kind, "start", *self._start_args(), timeout=START_TIMEOUT)
+        except NodeError:
+            with contextlib.suppress(NodeError):
+                self.stop()
+            raise
         self.pid = _last_line_pid(out)
         self.last_start_seconds = time.monotonic() - began
 
@@ -333,6 +354,20 @@ def _ensure_public_dir(path: Path) -> None:
             p.chmod(0o755)
 
 
+_N = TypeVar("_N", bound=_Node)
+
+
+def _started(node: _N) -> _N:
+    """``node`` started, and stopped at interpreter exit; on a failed start, cleaned up."""
+    atexit.register(node._at_exit)
+    try:
+        node.start()
+    except BaseException:
+        node.cleanup()
+        raise
+    return node
+
+
 def start_postgres(tmp_dir: Path, port: int) -> PostgresNode:
     """Start a throwaway PostgreSQL 15 cluster on 127.0.0.1:``port``.
 
@@ -351,10 +386,7 @@ def start_postgres(tmp_dir: Path, port: int) -> PostgresNode:
         node_dir = owned
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(owned, target_is_directory=True)
-    node = PostgresNode(dir=node_dir, port=port, owned_dir=owned)
-    atexit.register(node._at_exit)
-    node.start()
-    return node
+    return _started(PostgresNode(dir=node_dir, port=port, owned_dir=owned))
 
 
 def start_rabbitmq(tmp_dir: Path, port: int, dist_port: int) -> RabbitNode:
@@ -364,7 +396,6 @@ def start_rabbitmq(tmp_dir: Path, port: int, dist_port: int) -> RabbitNode:
     ``tmp_dir/rabbit-PORT``), and with the dead-letter publisher confirm
     timeout at 1 s, as the project's tests expect.
     """
-    node = RabbitNode(dir=Path(tmp_dir) / f"rabbit-{port}", port=port, dist_port=dist_port)
-    atexit.register(node._at_exit)
-    node.start()
-    return node
+    return _started(
+        RabbitNode(dir=Path(tmp_dir) / f"rabbit-{port}", port=port, dist_port=dist_port)
+    )
