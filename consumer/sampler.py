@@ -34,17 +34,20 @@ async def sample_once(
         await pool.fetchval(db.q("oldest_claimable_age")) or 0.0
     )
     now = await pool.fetchval(db.q("db_now"))
-    # The latest run that admitted work: a minutely CronJob's empty runs say nothing.
+    # The latest run that admitted work: its completion (a minutely CronJob's empty runs say
+    # nothing about it), and its lag all day long, for the dashboard and `relay status`.
     latest = await runs.reports(pool, None, 1, now, kind="publish", nonempty=True)
     if latest:
         run = latest[0]
         snapshot.latest_run_completion = run.sendable_completion_ratio
         snapshot.latest_run_age_seconds = (now - run.intended_fire_at).total_seconds()
         snapshot.latest_run_lag_seconds = run.lag_seconds
-    # Any publish run, empty or not, proves the CronJob runs (RelayPublishRunsStopped).
-    started = await runs.latest_publish_start(pool)
-    if started is not None:
-        snapshot.last_publish_start = started.timestamp()
+    # Any publish run, empty or not, proves the CronJob runs (RelayPublishRunsStopped), and
+    # its lag says whether due work waits for a run now (RelaySchedulerLagHigh).
+    newest = await runs.newest_publish_run(pool)
+    if newest is not None:
+        snapshot.last_publish_start = newest.started_at.timestamp()
+        snapshot.last_publish_lag_seconds = newest.lag_seconds
     channel = await connection.channel()
     try:
         depths = {}

@@ -28,6 +28,9 @@ class Snapshot:
     # Unix time the newest publish run started, empty runs included: a timestamp, not an
     # age, so a sampler that stops refreshing cannot freeze it young.
     last_publish_start: float | None = None
+    # That run's scheduler lag: an empty run found nothing overdue, so one on-time run after a
+    # late one brings it back to about 0 (RelaySchedulerLagHigh reads it).
+    last_publish_lag_seconds: float | None = None
     ready: bool = False
 
 
@@ -92,7 +95,7 @@ def _run_gauges(gauge: _Gauge, snapshot: Snapshot) -> None:
     gauge(
         "relay.run.lag",
         "s",
-        "Scheduler lag of the latest publish run",
+        "Scheduler lag of the latest publish run that admitted work",
         lambda: _optional(snapshot.latest_run_lag_seconds),
     )
     gauge(
@@ -100,6 +103,12 @@ def _run_gauges(gauge: _Gauge, snapshot: Snapshot) -> None:
         "s",
         "When the newest publish run started (Unix time), whether it admitted work or not",
         lambda: _optional(snapshot.last_publish_start),
+    )
+    gauge(
+        "relay.run.last_start.lag",
+        "s",
+        "Scheduler lag of the newest publish run, whether it admitted work or not",
+        lambda: _optional(snapshot.last_publish_lag_seconds),
     )
     build = {"version": conventions.version(), "python": platform.python_version()}
     gauge(

@@ -191,11 +191,23 @@ async def latest_with_work(executor: ledger.Executor) -> int | None:
     return run_id
 
 
-async def latest_publish_start(executor: ledger.Executor) -> datetime | None:
-    """When the newest publish run started (the database's clock), whether or not it
-    admitted anything; None before the first run."""
-    started: datetime | None = await executor.fetchval(db.q("latest_publish_run_start"))
-    return started
+@dataclass(frozen=True)
+class Newest:
+    """The newest publish run, whether or not it admitted anything."""
+
+    started_at: datetime  # the database's clock
+    # Its start minus its intended fire time: the oldest due occurrence it found, or its own
+    # start when nothing was due (then about 0: nothing waited for it).
+    lag_seconds: float
+
+
+async def newest_publish_run(executor: ledger.Executor) -> Newest | None:
+    """The newest run of kind ``publish`` (empty ones included); None before the first."""
+    row = await executor.fetchrow(db.q("newest_publish_run"))
+    if row is None:
+        return None
+    lag = (row["started_at"] - row["intended_fire_at"]).total_seconds()
+    return Newest(started_at=row["started_at"], lag_seconds=lag)
 
 
 async def reports(

@@ -465,10 +465,12 @@ LIMIT $2;
 -- The latest run that admitted anything: at 07:15 the 07:00 run, not the empty 07:15 one.
 SELECT max(id) FROM publish_runs WHERE kind = 'publish' AND created_count > 0;
 
--- name: latest_publish_run_start
--- When the newest publish run started, whether it admitted anything or not: an empty run
--- still proves the CronJob runs. Newest by id (the primary key's index), not a scan.
-SELECT started_at FROM publish_runs WHERE kind = 'publish' ORDER BY id DESC LIMIT 1;
+-- name: newest_publish_run
+-- The newest publish run, whether it admitted anything or not: an empty run still proves the
+-- CronJob runs, and that nothing due was waiting (its lag). Newest by id (the primary key's
+-- index), not a scan.
+SELECT started_at, intended_fire_at FROM publish_runs WHERE kind = 'publish'
+ORDER BY id DESC LIMIT 1;
 
 -- name: run_state_counts
 SELECT run_id, state::text AS state, coalesce(skip_reason, '') AS skip_reason, count(*) AS n,
