@@ -75,6 +75,12 @@ def channels(settings: Settings) -> dict[str, Channel]:
                     base_url=settings.sms_api_base_url,
                     timeout_seconds=settings.http_timeout_seconds,
                     connect_timeout_seconds=settings.http_connect_timeout_seconds,
+                    # each message asks for its status callbacks at `relay receipts`
+                    status_callback_url=(
+                        f"{settings.receipts_public_url}/receipts/sms"
+                        if settings.receipts_public_url
+                        else None
+                    ),
                 )
             )
     return channels

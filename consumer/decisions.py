@@ -14,6 +14,7 @@ from consumer.channels.base import Outcome, OutcomeKind
 from consumer.retry import Action, Decision
 from service import ledger
 from service.ledger import Claimed, Completion, SendFacts, State
+from service.receipt_events import RECEIPT_CHANNELS
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ def attempt_record(
         started_at=started_at,
         stale=stale,
         possibly_delivered=outcome.possibly_delivered,
+        provider_message_id=outcome.message_id,
     )
 
 
@@ -128,12 +130,13 @@ def after_attempt(
     *,
     now: datetime,
 ) -> Completion:
-    """The new state of ``row`` after its attempt, as the retry policy decided."""
+    """The new state of ``row`` after its attempt, as the retry policy decided. A provider
+    that sends receipts (e-mail, SMS) has only accepted it: a receipt says more later."""
     if decision.action is Action.DELIVERED:
         return Completion(
             row.id,
             row.attempts,
-            State.DELIVERED,
+            State.ACCEPTED if row.channel in RECEIPT_CHANNELS else State.DELIVERED,
             status=outcome.http_status,
             receipt=outcome.receipt,
             record=record,

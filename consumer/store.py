@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from consumer.outage import DatabaseWatch
-from service import destinations, ledger
+from service import destinations, ledger, receipts
 from service.batching import Batcher
 from service.ledger import Claimed, Completion, SendCheck, State, Unclaimable
 
@@ -143,9 +143,18 @@ class Store:
         return [found.get(c) for c in claims]
 
     async def _complete_batch(self, completions: Sequence[Completion]) -> list[bool]:
+        accepted = [c.id for c in completions if c.state is State.ACCEPTED]
+
         async def statement() -> set[tuple[int, int]]:
             async with self._pool.acquire() as conn:
-                return await ledger.complete(conn, completions)
+                if not accepted:
+                    return await ledger.complete(conn, completions)
+                # A receipt may have come before this outcome: settle by it in the same
+                # transaction (``service.receipts`` says why nothing is missed).
+                async with conn.transaction():
+                    written = await ledger.complete(conn, completions)
+                    await receipts.settle(conn, accepted)
+                return written
 
         written = await self._watch.run(statement)
         return [(c.id, c.attempt) in written for c in completions]

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict, SettingsError
 
-from service import channel_settings, console_settings, errors, servers
+from service import channel_settings, console_settings, errors, receipt_settings, servers
 
 _NUMBER = r"\d+(\.\d+)?"
 _BUDGET = rf"\s*[\w.-]+={_NUMBER}(/{_NUMBER})?\s*"
@@ -23,7 +23,11 @@ _BUDGETS = re.compile(rf"^({_BUDGET}(,{_BUDGET})*)?$")
 _ATTEMPTS = re.compile(r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$")
 
 
-class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSettings):
+class Settings(
+    channel_settings.ChannelSettings,
+    console_settings.ConsoleSettings,
+    receipt_settings.ReceiptSettings,
+):
     """All configuration. Environment variable = ``RELAY_`` + upper-cased field name."""
 
     model_config = SettingsConfigDict(

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 class OutcomeKind(enum.StrEnum):
     """How a provider answered one attempt."""
 
-    ACCEPTED = "accepted"  # 2xx: delivered, receipt recorded
+    ACCEPTED = "accepted"  # 2xx: a webhook delivered; e-mail, SMS accepted (await a receipt)
     RETRY = "retry"  # 5xx, timeout, connection error: possibly delivered, retry with same key
     THROTTLED = "throttled"  # 429 or a provider throttle signal: retry after the given delay
     REJECTED = "rejected"  # other 4xx, refused destination: dead now
@@ -47,6 +47,7 @@ class Outcome:
     kind: OutcomeKind
     http_status: int | None = None
     receipt: str | None = None  # provider message id or a bounded status excerpt
+    message_id: str | None = None  # the provider's id of the message (what receipts name)
     error: str | None = None  # short reason, e.g. "timeout", "http 503", "ssrf: private address"
     retry_after_seconds: float | None = None  # from Retry-After or a provider throttle signal
     response_excerpt: str | None = None  # bounded, for support work

@@ -10,7 +10,8 @@ Request::
     Idempotency-Key: <idempotency key>
     Content-Type: application/json
 
-    {"from": <sender>, "to": [<destination>], "subject": ..., "text": ..., "html": ...}
+    {"from": <sender>, "to": [<destination>], "subject": ..., "text": ..., "html": ...,
+     "tags": [{"name": "relay_delivery", "value": "<delivery id>"}]}
 
 ``SendRequest.destination`` is the recipient address. ``SendRequest.payload``
 keys (anything else is ignored):
@@ -23,7 +24,10 @@ Resend honours ``Idempotency-Key`` for 24 hours: a retry with the same key and
 same body returns the original answer without sending again, so a timeout
 retry does not produce a second email inside that window.
 
-A 2xx answer ``{"id": "..."}`` gives the receipt. Errors
+A 2xx answer ``{"id": "..."}`` gives the receipt: the message id, which the provider's
+status callbacks name (``relay receipts``). The ``relay_delivery`` tag (the same for every
+attempt of a delivery, so a retry's body is the same request under its key) comes back in
+those callbacks too, so a receipt finds its delivery even before the outcome is written. Errors
 ``{"statusCode": 422, "name": "validation_error", "message": "..."}`` are
 reported by ``name`` only: provider messages can quote the recipient address,
 so they are never copied into an Outcome.
@@ -40,7 +44,7 @@ from pydantic import SecretStr
 
 from consumer.channels import http
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
-from service import limits
+from service import limits, receipt_events
 
 __all__ = ["EmailChannel", "EmailConfig"]
 
@@ -92,6 +96,8 @@ def _build_message(sender: str, request: SendRequest) -> dict[str, object] | str
         if not isinstance(html, str):
             return "payload invalid 'html'"
         message["html"] = html
+    # The tag naming the delivery (Resend tags: ASCII letters, digits, '_' and '-').
+    message["tags"] = [{"name": receipt_events.DELIVERY_TAG, "value": str(request.delivery_id)}]
     return message
 
 
@@ -155,6 +161,7 @@ class EmailChannel:
                 kind=OutcomeKind.ACCEPTED,
                 http_status=status,
                 receipt=message_id or f"http {status}",
+                message_id=message_id,
             )
 
         name = http.safe_token(parsed.get("name"), 64) if parsed else None

@@ -11,6 +11,7 @@ Request::
 
     To=<destination>&From=<from_number>&Body=<payload["body"]>
     (MessagingServiceSid=<sid> instead of From when configured)
+    &StatusCallback=<status_callback_url>?delivery=<delivery id>   (when configured)
 
 ``SendRequest.destination`` is the recipient in E.164 form (``+15551234567``).
 ``SendRequest.payload["body"]`` is the text: a non-empty str of at most 1600
@@ -18,9 +19,12 @@ characters (counted as UTF-16 code units, which is never fewer than Twilio
 counts). Other payload keys are ignored.
 
 A 2xx answer ``{"sid": "SM...", "status": "queued", ...}`` gives the receipt
-(the sid). Errors ``{"code": 21211, "message": "...", "status": 400}`` are
-reported as ``"twilio 21211"``; Twilio messages quote phone numbers, so they
-are never copied into an Outcome, and neither is the success body.
+(the sid). With ``status_callback_url`` (``relay receipts``' public address), each message
+asks Twilio for status callbacks there, naming its delivery in the query, so a callback
+finds its delivery even before the outcome is written. Errors
+``{"code": 21211, "message": "...", "status": 400}`` are reported as ``"twilio 21211"``;
+Twilio messages quote phone numbers, so they are never copied into an Outcome, and neither
+is the success body.
 
 Idempotency: Twilio's Messages API has no idempotency key. Duplicates are
 prevented only by the ledger's claim on the delivery. An attempt that times out
@@ -42,7 +46,7 @@ from pydantic import SecretStr
 
 from consumer.channels import http
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
-from service import limits
+from service import limits, receipt_events
 
 __all__ = ["MAX_BODY_CHARS", "SmsChannel", "SmsConfig"]
 
@@ -70,6 +74,7 @@ class SmsConfig:
     max_response_bytes: int = 16 * 1024
     max_response_excerpt_bytes: int = 512
     user_agent: str = "reminder-relay-sms/1"
+    status_callback_url: str | None = None  # where Twilio posts status callbacks
     connection_limit: int = 20
     trust_env: bool = False  # honour HTTP(S)_PROXY for the provider connection
 
@@ -130,6 +135,11 @@ class SmsChannel:
         else:
             assert self._config.from_number is not None
             form["From"] = self._config.from_number
+        if self._config.status_callback_url:
+            form["StatusCallback"] = (
+                f"{self._config.status_callback_url}"
+                f"?{receipt_events.DELIVERY_PARAMETER}={request.delivery_id}"
+            )
         return form
 
     async def send(self, request: SendRequest) -> Outcome:
@@ -166,6 +176,7 @@ class SmsChannel:
                 kind=OutcomeKind.ACCEPTED,
                 http_status=status,
                 receipt=sid or f"http {status}",
+                message_id=sid,
             )
 
         code = parsed.get("code") if parsed else None

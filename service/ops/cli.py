@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 import uvloop
 
 from service import errors, logs, settings
-from service.ops import cli_operators
+from service.ops import cli_operators, cli_receipts
 
 _log = logs.get("cli")
 # The folder holding service/, publisher/ and consumer/: frames there are this project's.
@@ -57,6 +57,7 @@ HANDLERS = {
     "consume": "consumer.commands:consume",
     "console": "service.ops.console.run:main",
     **cli_operators.HANDLERS,
+    **cli_receipts.HANDLERS,
 }
 
 
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "resume", "resume admission", "relay resume")
     _add_partner_and_demo(sub)
     _add_console(sub)
+    cli_receipts.add(sub, _command)
     return parser
 
 

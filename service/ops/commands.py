@@ -201,16 +201,22 @@ async def status(args: argparse.Namespace, settings: Settings) -> int:
                 return errors.ExitCode.INCOMPLETE
             rows = await status_mod.missing(pool, run_id, args.limit)
             outbox = await status_mod.outbox_missing(pool, args.limit)
+            wait = settings.receipt_wait_seconds
             print(
                 status_mod.to_json({"run_id": run_id, "missing": rows, "outbox_missing": outbox})
                 if args.json
-                else status_mod.render_missing(run_id, rows, outbox)
+                else status_mod.render_missing(run_id, rows, outbox, wait)
             )
             return errors.ExitCode.OK
         reports = await runs.reports(
-            pool, args.run, args.runs, now, nonempty=args.run is None and not args.all_runs
+            pool,
+            args.run,
+            args.runs,
+            now,
+            nonempty=args.run is None and not args.all_runs,
+            receipt_wait_seconds=settings.receipt_wait_seconds,
         )
-        totals = await status_mod.overall(pool)
+        totals = await status_mod.overall(pool, settings.receipt_wait_seconds)
         actions = await status_mod.actions(pool, [r.run_id for r in reports])
     if args.json:
         print(status_mod.to_json({"runs": status_mod.runs_json(reports, actions), **totals}))

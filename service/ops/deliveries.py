@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from service import db, entry, errors, logs
+from service import db, entry, errors, logs, receipts
 from service.ledger import State
 from service.settings import Settings
 
@@ -80,11 +80,13 @@ def _schedule(row: asyncpg.Record) -> str | None:
 _ROW_FIELDS = (
     "id idempotency_key source channel provider state occurrence_at urgent attempts replays "
     "next_attempt_at last_status last_error receipt skip_reason run_id created_at "
-    "published_at first_attempt_at finished_at dead_lettered_at"
+    "published_at first_attempt_at finished_at dead_lettered_at settled_at"
 ).split()
 
 
-def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]:
+def story(
+    row: asyncpg.Record, attempts: list[asyncpg.Record], receipts_of: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The JSON document of ``deliveries show`` (stable field names, documented)."""
     data: dict[str, Any] = {name: row[name] for name in _ROW_FIELDS}
     data["last_error"] = clean(row["last_error"])
@@ -124,9 +126,11 @@ def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]
             "reply_excerpt": clean(a["response_excerpt"]),
             "possibly_delivered": a["possibly_delivered"],
             "stale": a["stale"],
+            "provider_message_id": a["provider_message_id"],
         }
         for a in attempts
     ]
+    data["receipts"] = receipts_of
     return data
 
 
@@ -173,7 +177,25 @@ def render_story(data: dict[str, Any]) -> str:
             lines.append(f"        reply: {a['reply_excerpt']}")
         if a["error"] and a["http_status"] is not None:
             lines.append(f"        error: {a['error']}")
+        if a["provider_message_id"]:
+            lines.append(f"        provider message: {a['provider_message_id']}")
+    lines.extend(_receipt_lines(data["receipts"]))
     return "\n".join(lines)
+
+
+def _receipt_lines(found: list[dict[str, Any]]) -> list[str]:
+    """The provider's receipts, as they came (e-mail and SMS; none for a webhook)."""
+    if not found:
+        return []
+    lines = [f"receipts ({len(found)}):"]
+    for r in found:
+        why = f" {r['reason']}" if r["reason"] else ""
+        hard = " (permanent)" if r["permanent"] else ""
+        lines.append(
+            f"  {_t(r['received_at'])}  {r['outcome']:<10} {r['event']}{why}{hard}"
+            f"  message {r['provider_message_id']}"
+        )
+    return lines
 
 
 async def show(args: argparse.Namespace, settings: Settings) -> int:
@@ -186,7 +208,8 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
             print(f"relay: no delivery with {what}", file=sys.stderr)
             return errors.ExitCode.INCOMPLETE
         attempts = list(await pool.fetch(db.q("delivery_attempts_of"), row["id"]))
-    data = story(row, attempts)
+        found = await receipts.of_delivery(pool, row["id"])
+    data = story(row, attempts, found)
     print(to_json(data) if args.json else render_story(data))
     return errors.ExitCode.OK
 
