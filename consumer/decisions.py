@@ -28,7 +28,7 @@ class Send:
 class Skip:
     """Do not send, on purpose: the row ends 'skipped' with this reason."""
 
-    reason: str  # cancelled | stale
+    reason: str  # cancelled | stale | suppressed
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ def verdict(
         return Hold(RUN_HELD, held_recheck_seconds)
     if not facts.active or not has_destination:
         return Skip("cancelled")
+    if facts.suppressed:  # a hard bounce, a complaint or an operator said: never this address
+        return Skip("suppressed")
     stale = facts.stale_after_seconds is not None and facts.age_seconds > facts.stale_after_seconds
     if stale and not facts.send_stale:
         return Skip("stale")

@@ -63,6 +63,7 @@ class SendFacts:
     destination_disabled: bool
     provider_paused_seconds: float = 0.0
     run_held: bool = False  # its publish run is held by an operator (`relay runs hold`)
+    suppressed: bool = False  # its address is on the suppression list of its channel
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,7 @@ def _facts(r: asyncpg.Record) -> SendFacts:
         destination_disabled=r["destination_disabled"],
         provider_paused_seconds=r.get("provider_paused_seconds") or 0.0,
         run_held=bool(r.get("run_held")),
+        suppressed=bool(r.get("suppressed")),
     )
 
 

@@ -1,5 +1,7 @@
 """Provider receipts in the ledger: the one door to ``receipts`` and to the transitions a
-receipt makes (``accepted -> delivered | bounced``, ``delivered -> bounced``).
+receipt makes (``accepted -> delivered | bounced``, ``delivered -> bounced``). A receipt
+that says the address will not take messages puts it on the suppression list, in the same
+transaction (``service.suppressions``).
 
 A receipt is appended (never changed), then its delivery is settled by every receipt it
 has: the strongest outcome wins, so receipts that come twice, out of order, or before the
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service import db, ledger, receipt_events
+from service import db, ledger, receipt_events, suppressions
 from service.ledger import State
 from service.receipt_events import ReceiptEvent
 
@@ -27,6 +29,7 @@ class Recorded:
     new: bool  # False: the same callback had been recorded before (nothing added)
     state: State  # the delivery's state afterwards
     settled: bool  # this receipt moved the delivery's state
+    suppression_id: int | None = None  # the suppression it added (a hard bounce, ...)
 
 
 async def delivery_of(executor: ledger.Executor, event: ReceiptEvent) -> int | None:
@@ -56,8 +59,10 @@ async def record(conn: ledger.Connection, event: ReceiptEvent, delivery_id: int)
             event.provider_at,
         )
         moved = await settle(conn, [delivery_id])
+        suppressed = await suppressions.from_receipt(conn, event, delivery_id)
     state = moved.get(delivery_id) or State(before)
-    return Recorded(delivery_id, receipt_id is not None, state, delivery_id in moved)
+    new = receipt_id is not None
+    return Recorded(delivery_id, new, state, delivery_id in moved, suppressed)
 
 
 async def settle(conn: ledger.Connection, delivery_ids: Sequence[int]) -> dict[int, State]:

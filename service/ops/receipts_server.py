@@ -35,6 +35,7 @@ from service import (
     receipt_events,
     receipt_signatures,
     receipts,
+    suppressions,
     telemetry,
 )
 from service.receipt_events import ReceiptEvent, Refused
@@ -74,11 +75,12 @@ class Verifiers:
 
 @dataclass(frozen=True)
 class ReceiptMetrics:
-    """``relay.receipts`` (recorded, by channel, outcome and whether new) and
-    ``relay.receipts.refused`` (by channel and why)."""
+    """``relay.receipts`` (recorded, by channel, outcome and whether new),
+    ``relay.receipts.refused`` (by channel and why) and ``relay.suppressions.added``."""
 
     recorded: Counter
     refused: Counter
+    suppressions: Counter
 
     @classmethod
     def create(cls, meter: Meter) -> ReceiptMetrics:
@@ -88,6 +90,11 @@ class ReceiptMetrics:
             ),
             refused=meter.create_counter(
                 "relay.receipts.refused", "{callback}", "Provider callbacks refused, by reason"
+            ),
+            suppressions=meter.create_counter(
+                "relay.suppressions.added",
+                "{address}",
+                "Addresses suppressed by a provider's receipt, by channel and reason",
             ),
         )
 
@@ -147,6 +154,9 @@ class Endpoint:
         self._metrics.recorded.add(
             1, {"channel": event.channel, "outcome": event.outcome, "new": str(recorded.new)}
         )
+        if recorded.suppression_id is not None:
+            reason = suppressions.reason_of(event) or "unknown"
+            self._metrics.suppressions.add(1, {"channel": event.channel, "reason": reason})
         level = 20 if recorded.settled or event.permanent else 10
         log.log(
             level,
@@ -159,6 +169,7 @@ class Endpoint:
                 "provider_event": event.event,
                 "new": recorded.new,
                 "state": recorded.state.value,
+                "suppression_id": recorded.suppression_id,
             },
         )
         return web.json_response(

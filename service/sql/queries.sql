@@ -303,7 +303,11 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
                  WHERE s.url = dst.url AND (s.expires_at IS NULL OR s.expires_at > now())),
                 '{}') AS secrets,
        EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = c.run_id AND p.held_at IS NOT NULL)
-           AS run_held
+           AS run_held,
+       EXISTS (SELECT 1 FROM suppressions AS s
+               WHERE s.channel = c.channel AND s.removed_at IS NULL
+                 AND s.address = suppression_address(c.channel, coalesce(c.destination, r.destination)))
+           AS suppressed
 FROM claimed AS c
 LEFT JOIN reminders AS r ON r.id = c.reminder_id
 LEFT JOIN destinations AS dst
@@ -337,7 +341,11 @@ SELECT d.id, d.attempts,
        greatest(0, extract(epoch FROM b.paused_until - clock_timestamp()))::float8
            AS provider_paused_seconds,
        EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = d.run_id AND p.held_at IS NOT NULL)
-           AS run_held
+           AS run_held,
+       EXISTS (SELECT 1 FROM suppressions AS s
+               WHERE s.channel = d.channel AND s.removed_at IS NULL
+                 AND s.address = suppression_address(d.channel, coalesce(d.destination, r.destination)))
+           AS suppressed
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 LEFT JOIN rate_budgets AS b ON b.provider = d.provider
@@ -1217,3 +1225,42 @@ GROUP BY run_id, channel;
 -- Every delivery (runs and outbox) accepted longer than $1 seconds ago without a receipt.
 SELECT count(*) FROM deliveries
 WHERE state = 'accepted' AND finished_at < now() - make_interval(secs => $1);
+
+---------------------------------------------------------------------------- suppressions
+
+-- name: suppression_from_receipt
+-- A receipt that says the address will not take messages (a hard bounce, a complaint, a
+-- permanent SMS error) suppresses the destination of its delivery, unless it already is.
+INSERT INTO suppressions (channel, address, reason, detail, delivery_id, created_by)
+SELECT d.channel, suppression_address(d.channel, coalesce(d.destination, r.destination)),
+       $2, left($3, 500), d.id, 'relay receipts'
+FROM deliveries AS d
+LEFT JOIN reminders AS r ON r.id = d.reminder_id
+WHERE d.id = $1 AND d.channel IN ('email', 'sms')
+  AND coalesce(d.destination, r.destination) IS NOT NULL
+ON CONFLICT (channel, address) WHERE removed_at IS NULL DO NOTHING
+RETURNING id;
+
+-- name: suppression_add
+-- An operator's suppression of an address; nothing when it is suppressed already.
+INSERT INTO suppressions (channel, address, reason, detail, created_by)
+VALUES ($1, suppression_address($1, $2), 'operator', left($3, 500), $4)
+ON CONFLICT (channel, address) WHERE removed_at IS NULL DO NOTHING
+RETURNING id, channel, address, reason, detail, delivery_id, created_by, created_at, removed_at,
+          removed_by, removed_reason;
+
+-- name: suppression_remove
+-- An operator lifts a suppression: the row stays, marked with who, when and why.
+UPDATE suppressions SET removed_at = now(), removed_by = $3, removed_reason = left($4, 500)
+WHERE channel = $1 AND address = suppression_address($1, $2) AND removed_at IS NULL
+RETURNING id, channel, address, reason, detail, delivery_id, created_by, created_at, removed_at,
+          removed_by, removed_reason;
+
+-- name: suppressions_list
+-- The list, newest first: those in force, or ($2) every one ever made; channel $1 or any.
+SELECT id, channel, address, reason, detail, delivery_id, created_by, created_at, removed_at,
+       removed_by, removed_reason
+FROM suppressions
+WHERE ($1::text IS NULL OR channel = $1) AND ($2 OR removed_at IS NULL)
+ORDER BY id DESC
+LIMIT $3;

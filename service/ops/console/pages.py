@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from service import control
+from service import control, suppressions
 from service.ops.console import actions, data, params, security
 from service.ops.console.app_keys import ACTIONS, DOOR, POOL, TEMPLATES, operator_name
 
@@ -156,6 +156,15 @@ async def destinations(request: web.Request) -> web.StreamResponse:
     return render(request, "destinations.html", "Destinations", destinations=found)
 
 
+async def suppressions_page(request: web.Request) -> web.StreamResponse:
+    """The suppression list: what is in force, and what operators lifted (read only: the
+    CLI adds and removes, `relay suppressions`)."""
+    channel = request.query.get("channel")
+    channel = channel if channel in ("email", "sms") else None
+    rows = await suppressions.listed(request.app[POOL], channel, include_removed=True, limit=500)
+    return render(request, "suppressions.html", "Suppressions", rows=rows, channel=channel)
+
+
 async def switch_destination(request: web.Request) -> web.StreamResponse:
     """Disable a destination, or enable one: a dry run first (its counts), then the
     confirmation."""
@@ -190,5 +199,6 @@ def routes() -> list[web.RouteDef]:
         web.get("/dead", dead),
         web.post("/replay", replay),
         web.get("/destinations", destinations),
+        web.get("/suppressions", suppressions_page),
         web.post("/destinations/{ref}/{action:enable|disable}", switch_destination),
     ]
