@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 import asyncpg
 from opentelemetry import trace
 
-from consumer import budget, delivery, gate, isolation, retry, store, worker
+from consumer import budget, delivery, gate, isolation, reconcile, retry, store, worker
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
@@ -231,6 +231,12 @@ async def worker_for(
         crash=crash,
         targets=targets(settings),
         held_recheck_seconds=settings.run_hold_recheck_seconds,
+        reconciler=reconcile.Reconciler(
+            store=ledger_store,
+            metrics=metrics,
+            clock=SystemClock(),
+            hold_seconds=settings.reconcile_hold_seconds,
+        ),
     )
     return worker.Worker(
         store=ledger_store,

@@ -96,6 +96,25 @@ def skipped(row: Claimed, reason: str) -> Completion:
     )
 
 
+def reconciled(row: Claimed, message_id: str, started_at: datetime) -> Completion:
+    """The completion of a row whose message the provider already had (a lost attempt's):
+    accepted, under that message's id, with no request made."""
+    return Completion(
+        row.id,
+        row.attempts,
+        State.ACCEPTED,
+        receipt=message_id,
+        record=ledger.Attempt(
+            outcome="reconciled",
+            payload_version=row.payload_version,
+            started_at=started_at,
+            latency_ms=0.0,
+            possibly_delivered=False,
+            provider_message_id=message_id,
+        ),
+    )
+
+
 def refused(error: str) -> Outcome:
     """The outcome of an attempt refused before any request was made."""
     return Outcome(OutcomeKind.REJECTED, error=error, possibly_delivered=False)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from consumer import decisions, gate
+from consumer import decisions, gate, reconcile
 from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
 from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Redelay
 from consumer.retry import Action, RetryPolicy
@@ -69,7 +69,9 @@ class Deliverer:
         monotonic: Callable[[], float] = time.monotonic,
         targets: DestinationPolicy | None = None,
         held_recheck_seconds: float = 30.0,
+        reconciler: reconcile.Reconciler | None = None,  # None: never ask a provider first
     ) -> None:
+        self._reconciler = reconciler
         self._held_recheck = held_recheck_seconds
         self._store = store
         self._gate = gate
@@ -98,6 +100,10 @@ class Deliverer:
         if channel is None:
             self._log_unconfigured(row.channel)
             return await self._defer(row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS)
+        if self._reconciler is not None:  # an earlier attempt may have reached the provider
+            settled = await self._reconciler.before_send(row, channel)
+            if settled is not None:
+                return settled  # the provider had it already, or cannot say yet: not sent
         try:
             secrets = self._own_secrets(row)
         except ValueError:

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from consumer.outage import DatabaseWatch
-from service import destinations, ledger, receipts
+from service import destinations, ledger, receipts, reconciliations
 from service.batching import Batcher
 from service.ledger import Claimed, Completion, SendCheck, State, Unclaimable
 
@@ -85,6 +85,15 @@ class Store:
             lambda: ledger.release(self._pool, delivery_id, attempt, retry_at),
             abandon=self._stopping,
         )
+
+    async def reconcile_candidates(self, delivery_id: int, attempt: int) -> list[int]:
+        """Earlier attempts that may have reached the provider unanswered (none: send)."""
+        return await self._watch.run(
+            lambda: reconciliations.candidates(self._pool, delivery_id, attempt)
+        )
+
+    async def record_reconciliation(self, found: reconciliations.Reconciliation) -> None:
+        await self._watch.run(lambda: reconciliations.record(self._pool, found))
 
     async def mark_dead_lettered(self, delivery_id: int, attempt: int) -> None:
         await self._watch.run(lambda: ledger.mark_dead_lettered(self._pool, delivery_id, attempt))

@@ -1,4 +1,4 @@
-"""The settings of provider receipts (`relay receipts`), suppression and reconciliation. Part
+"""The settings of provider receipts (`relay receipts`) and reconciliation. Part
 of ``service.settings.Settings`` (which inherits them, with the ``RELAY_`` prefix); kept
 apart so each settings module stays readable.
 """
@@ -43,6 +43,15 @@ class ReceiptSettings(BaseSettings):
         gt=0,
         description="An e-mail or SMS the provider accepted this long ago without a receipt "
         "is reported as 'no receipt' (relay status, --missing) (s).",
+    )
+
+    reconcile_hold_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Before an SMS is sent again after an attempt that may have reached the "
+        "provider unanswered, the provider is asked whether it has the message; when it "
+        "cannot say, the SMS is held this long and the provider asked again (s). No attempt "
+        "is counted, and no number gets a second text.",
     )
 
     @field_validator("email_webhook_secrets", mode="before")

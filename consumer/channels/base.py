@@ -60,6 +60,36 @@ class Outcome:
     possibly_delivered: bool = True
 
 
+@dataclass(frozen=True)
+class LookupRequest:
+    """What reconciliation asks a provider: did a message for this delivery arrive?"""
+
+    delivery_id: int
+    idempotency_key: str
+    destination: str
+    payload: dict[str, Any]
+    since: datetime  # no message for this delivery can be older (its occurrence)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The provider's answer: ``found`` (with its message id and status), ``not_found``,
+    or ``unknown`` (it could not say: ``error``). Never contains recipient data."""
+
+    answer: str  # found | not_found | unknown
+    message_id: str | None = None
+    status: str | None = None
+    error: str | None = None
+
+
+class Reconcilable(Protocol):
+    """A channel whose provider can be asked whether a message exists."""
+
+    async def lookup(self, request: LookupRequest) -> Lookup:
+        """Ask the provider; never raises for provider failures (``unknown``)."""
+        ...
+
+
 class Channel(Protocol):
     """A channel adapter: key in, classified outcome out."""
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from service import db, entry, errors, logs, receipts
+from service import db, entry, errors, logs, receipts, reconciliations
 from service.ledger import State
 from service.settings import Settings
 
@@ -85,7 +85,10 @@ _ROW_FIELDS = (
 
 
 def story(
-    row: asyncpg.Record, attempts: list[asyncpg.Record], receipts_of: list[dict[str, Any]]
+    row: asyncpg.Record,
+    attempts: list[asyncpg.Record],
+    receipts_of: list[dict[str, Any]],
+    reconciled: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The JSON document of ``deliveries show`` (stable field names, documented)."""
     data: dict[str, Any] = {name: row[name] for name in _ROW_FIELDS}
@@ -131,6 +134,7 @@ def story(
         for a in attempts
     ]
     data["receipts"] = receipts_of
+    data["reconciliations"] = [{**r, "error": clean(r["error"])} for r in reconciled]
     return data
 
 
@@ -180,6 +184,7 @@ def render_story(data: dict[str, Any]) -> str:
         if a["provider_message_id"]:
             lines.append(f"        provider message: {a['provider_message_id']}")
     lines.extend(_receipt_lines(data["receipts"]))
+    lines.extend(_reconciliation_lines(data["reconciliations"]))
     return "\n".join(lines)
 
 
@@ -198,6 +203,34 @@ def _receipt_lines(found: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+_POLICIES = {
+    "no_resend": "not sent again",
+    "resend": "sent again",
+    "resend_same_key": "sent again with the same key (policy for e-mail when the provider "
+    "cannot say: it answers a repeated key with the first message)",
+    "hold": "held, to ask again (policy for SMS when the provider cannot say: never a second text)",
+}
+
+
+def _reconciliation_lines(found: list[dict[str, Any]]) -> list[str]:
+    """Each time the provider was asked before a resend, what it said and what followed."""
+    if not found:
+        return []
+    lines = [f"reconciliations ({len(found)}):"]
+    for r in found:
+        about = ", ".join(f"#{a}" for a in r["checked_attempts"])
+        said = r["answer"].replace("_", " ")
+        if r["provider_message_id"]:
+            said += f" (message {r['provider_message_id']}, {r['provider_status'] or '-'})"
+        if r["error"]:
+            said += f" ({r['error']})"
+        lines.append(
+            f"  {_t(r['asked_at'])}  attempt #{r['attempt']} asked about {about}: {said}; "
+            f"{_POLICIES.get(r['policy'], r['policy'])}"
+        )
+    return lines
+
+
 async def show(args: argparse.Namespace, settings: Settings) -> int:
     if (args.id is None) == (args.key is None):
         raise errors.ConfigError("deliveries show: give an ID or --key KEY (one of them)")
@@ -209,7 +242,8 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
             return errors.ExitCode.INCOMPLETE
         attempts = list(await pool.fetch(db.q("delivery_attempts_of"), row["id"]))
         found = await receipts.of_delivery(pool, row["id"])
-    data = story(row, attempts, found)
+        reconciled = await reconciliations.of_delivery(pool, row["id"])
+    data = story(row, attempts, found, reconciled)
     print(to_json(data) if args.json else render_story(data))
     return errors.ExitCode.OK
 

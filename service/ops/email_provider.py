@@ -70,6 +70,7 @@ class EmailProvider:
     webhook_secret: str | None = field(default=None, repr=False)
     delay_seconds: float = 0.0  # before each event
     callback_before_answer: bool = False  # post the events before answering the POST
+    list_fails: bool = False  # the list answers 500 (a provider that cannot say)
     requests: Counter[str] = field(default_factory=Counter)  # idempotency key -> POSTs
     emails: list[dict[str, Any]] = field(default_factory=list)  # in the order sent
     by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -140,6 +141,10 @@ class EmailProvider:
     async def list_emails(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != f"Bearer {API_KEY}":
             return web.json_response({"statusCode": 401, "name": "missing_api_key"}, status=401)
+        if self.list_fails:
+            return web.json_response(
+                {"statusCode": 500, "name": "internal_server_error"}, status=500
+            )
         limit = min(int(request.query.get("limit", "20")), 100)
         newest_first = list(reversed(self.emails))
         after = request.query.get("after")

@@ -54,6 +54,7 @@ class SmsProvider:
     auth_token: str = field(default=AUTH_TOKEN, repr=False)
     delay_seconds: float = 0.0  # before each status callback
     callback_before_answer: bool = False  # post the callbacks before answering the POST
+    list_fails: bool = False  # the list answers 500 (a provider that cannot say)
     messages: list[dict[str, Any]] = field(default_factory=list)  # in the order sent
     requests: Counter[str] = field(default_factory=Counter)  # To -> POSTs
     callbacks: list[tuple[str, int]] = field(default_factory=list)  # (status, answer)
@@ -129,6 +130,8 @@ class SmsProvider:
     async def list_messages(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"code": 20003, "status": 401}, status=401)
+        if self.list_fails:
+            return web.json_response({"code": 20500, "status": 500}, status=500)
         to = request.query.get("To")
         size = min(int(request.query.get("PageSize", "50")), 1000)
         found = [m for m in reversed(self.messages) if to is None or m["to"] == to]

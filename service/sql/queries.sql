@@ -1264,3 +1264,30 @@ FROM suppressions
 WHERE ($1::text IS NULL OR channel = $1) AND ($2 OR removed_at IS NULL)
 ORDER BY id DESC
 LIMIT $3;
+
+---------------------------------------------------------------------------- reconciliation
+
+-- name: reconcile_candidates
+-- The earlier attempts of a delivery whose request may have reached the provider without
+-- its answer being read: lost (the consumer died), or failed after connecting with no
+-- answer (a timeout, a reset), since the provider last gave an answer about this delivery.
+SELECT a.attempt
+FROM delivery_attempts AS a
+WHERE a.delivery_id = $1 AND a.attempt < $2
+  AND (a.outcome = 'lost'
+       OR (a.outcome = 'retry' AND a.http_status IS NULL AND a.possibly_delivered))
+  AND a.attempt >= coalesce((SELECT max(r.attempt) FROM reconciliations AS r
+                             WHERE r.delivery_id = $1 AND r.answer <> 'unknown'), 0)
+ORDER BY a.attempt;
+
+-- name: reconciliation_record
+INSERT INTO reconciliations (delivery_id, attempt, checked_attempts, answer, provider_message_id,
+                             provider_status, policy, error)
+VALUES ($1, $2, $3, $4, $5, left($6, 64), $7, left($8, 200))
+RETURNING id;
+
+-- name: reconciliations_of
+-- One delivery's reconciliations, oldest first (`relay deliveries show`).
+SELECT attempt, checked_attempts, answer, provider_message_id, provider_status, policy, error,
+       asked_at
+FROM reconciliations WHERE delivery_id = $1 ORDER BY id;
