@@ -16,11 +16,10 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from consumer import decisions, gate
+from consumer import decisions, gate, registry
 from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
 from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Redelay
 from consumer.retry import Action, RetryPolicy
@@ -33,16 +32,6 @@ from service.ledger import Attempt, Claimed, SendFacts
 from service.telemetry import Metrics
 
 log = logs.get("consumer")
-
-
-@dataclass(frozen=True)
-class DestinationPolicy:
-    """What the consumer does with the destinations registry (``service.destinations``)."""
-
-    vault: destinations.Vault | None = field(default=None, repr=False)  # opens own secrets
-    failure_streak: int = 0  # failed attempts in a row that disable a destination (0: never)
-    failure_span_seconds: float = 0.0  # ... once the streak spans at least this long
-    hold_seconds: float = decisions.DISABLED_HOLD_SECONDS  # a held delivery looks again
 
 
 _UNREADABLE = "destination secret unreadable"
@@ -67,7 +56,7 @@ class Deliverer:
         rng: Callable[[], float] = random.random,
         crash: CrashPoints | None = None,
         monotonic: Callable[[], float] = time.monotonic,
-        targets: DestinationPolicy | None = None,
+        targets: registry.DestinationPolicy | None = None,
         held_recheck_seconds: float = 30.0,
     ) -> None:
         self._held_recheck = held_recheck_seconds
@@ -83,8 +72,8 @@ class Deliverer:
         self._now = monotonic
         self._error_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
         self._deferral_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
-        self._targets = targets or DestinationPolicy()
-        self._failing: set[str] = set()  # destinations this process saw fail lately
+        self._targets = targets or registry.DestinationPolicy()
+        self._registry = registry.Feedback(store, metrics, self._targets)
 
     async def deliver(
         self, row: Claimed, *, claimed_at: float, no_new_requests: asyncio.Event
@@ -138,7 +127,7 @@ class Deliverer:
         if outcome.kind is OutcomeKind.THROTTLED and self._pause is not None:
             await self._pause_provider(row.provider, outcome.retry_after_seconds or 1.0)
             self._metrics.throttles.add(1, labels)
-        await self._registry_outcome(row, outcome)
+        await self._registry.outcome(row, outcome)
         record = decisions.attempt_record(
             row, outcome, started_at=started_at, latency_seconds=latency, stale=verdict.stale
         )
@@ -175,48 +164,6 @@ class Deliverer:
         if vault is None:
             raise ValueError("no RELAY_DESTINATION_SECRETS_KEYS")
         return tuple(vault.decrypt(token) for token in row.target.secrets)
-
-    async def _registry_outcome(self, row: Claimed, outcome: Outcome) -> None:
-        """Tell the registry: a 410 disables at once; a failed attempt extends the
-        destination's streak (which may disable it); an accepted one ends the streak."""
-        url = row.destination
-        if row.channel != "webhook" or url is None:
-            return
-        if outcome.disable_destination:
-            self._disabled(await self._store.disable_gone(url), "gone", None)
-            return
-        failed = outcome.kind is OutcomeKind.RETRY or (
-            outcome.kind is OutcomeKind.REJECTED and outcome.http_status is not None
-        )
-        if failed:
-            if len(self._failing) >= 10_000:
-                self._failing.clear()
-            self._failing.add(url)
-            targets = self._targets
-            streak = await self._store.destination_failed(
-                url, targets.failure_streak, targets.failure_span_seconds
-            )
-            if streak is not None and streak.disabled_now:
-                self._disabled(streak.destination_id, "failure_streak", streak.failures)
-        elif outcome.kind is OutcomeKind.ACCEPTED and (
-            row.target.failure_streak > 0 or url in self._failing
-        ):
-            self._failing.discard(url)
-            await self._store.destination_succeeded(url)
-
-    def _disabled(self, destination_id: int | None, reason: str, failures: int | None) -> None:
-        if destination_id is None:
-            return  # already disabled (another replica, an operator)
-        self._metrics.destinations_disabled.add(1, {"reason": reason})
-        log.warning(
-            "destination disabled; its deliveries are held until `relay destinations enable`",
-            extra={
-                "event": "destination_disabled",
-                "destination_id": destination_id,
-                "reason": reason,
-                "failures": failures,
-            },
-        )
 
     async def _request(
         self, channel: Channel, row: Claimed, stale: bool, secrets: tuple[str, ...] | None
