@@ -209,6 +209,10 @@ class Budgets:
             state = self._providers.setdefault(provider, _ProviderState(self._specs.get(provider)))
         return state
 
+    def rate_limited(self, provider: str) -> bool:
+        """Does ``provider`` have a rate budget (else only a throttle pause stops it)?"""
+        return provider in self._specs
+
     def at_hand(self, provider: str) -> bool:
         """Would ``acquire`` return at once (a leased token here, nobody ahead)?"""
         state = self._providers.get(provider)

@@ -1,13 +1,14 @@
 """One claimed delivery, from the pre-send checks to its durable outcome.
 
 checks (claim's facts) -> channel configured? -> gate (circuit, budget, slot, lease) ->
-last look (the ledger read again after the waits) -> request -> retry policy -> outcome
-written (fenced by id and attempt) -> what to do with the message.
+last check (``service.lastcheck``) -> request -> retry policy -> outcome written (fenced by
+id and attempt) -> what to do with the message.
 
-The send decision is taken at the last moment: after every wait, the row is read again,
-so a cancel, a disabled destination, a throttle pause or staleness committed meanwhile is
-obeyed. The one window left is the time between that read and the request going out.
-Nothing here touches the message: every path returns a ``Disposition`` for the worker.
+The send decision is taken at the last moment: after the last wait, one grouped statement
+reads the row again and stamps it, so a cancel, a hold, a disabled destination, a throttle
+pause, staleness or an operator's cancel or dead-letter of the run committed meanwhile is
+obeyed, and nothing waits between that answer and the request. Nothing here touches the
+message: every path returns a ``Disposition`` for the worker.
 """
 
 from __future__ import annotations
@@ -28,16 +29,14 @@ from service import amqp, destinations, logs, telemetry
 from service.clock import Clock
 from service.crashpoints import CrashPoints
 from service.errors import Abandoned
-from service.ledger import Attempt, Claimed, SendFacts
+from service.lastcheck import LastCheck
+from service.ledger import Attempt, Claimed, SendFacts, State
 from service.telemetry import Metrics
 
 log = logs.get("consumer")
 
-
 _UNREADABLE = "destination secret unreadable"
 
-# A row claimed this recently is not read again before its request: nothing waited.
-_RECHECK_AFTER_SECONDS = 0.05
 # A channel this replica cannot send through: let a replica that can take it meanwhile.
 _UNCONFIGURED_DEFER_SECONDS = 30.0
 
@@ -101,23 +100,11 @@ class Deliverer:
             return await self._defer(row, admitted.reason, admitted.seconds)
         slot = admitted
         try:
-            if self._now() - claimed_at > _RECHECK_AFTER_SECONDS:
-                check = await self._store.check(row.id, row.attempts)
-                if check is None or not check.claim_held:
-                    return await self._claim_lost(row)
-                verdict = self._verdict(check.facts, has_destination)
-                if not isinstance(verdict, decisions.Send):
-                    slot.give_back(failed=None)
-                    return await self._without_request(row, verdict)
-            # The budget's promise counts this moment as the send: nothing waits between
-            # a valid token and the request.
-            kept = await self._gate.keep_budget(row, slot, no_new_requests)
-            if kept is not None:
-                slot.give_back(failed=None)
-                if isinstance(kept, gate.Stopped):
-                    return await self._give_back(row)
-                return await self._defer(row, kept.reason, kept.seconds)
-            outcome, started_at, latency = await self._request(channel, row, verdict.stale, secrets)
+            cleared = await self._last_check(row, slot, has_destination, no_new_requests)
+            if not isinstance(cleared, decisions.Send):
+                return cleared  # not sent: skipped, deferred, given back or stopped
+            # Nothing waits between the last check and the request.
+            outcome, started_at, latency = await self._request(channel, row, cleared.stale, secrets)
             slot.give_back(failed=outcome.kind is OutcomeKind.RETRY)
         finally:
             slot.give_back(failed=None)  # a no-op when already given back
@@ -129,9 +116,72 @@ class Deliverer:
             self._metrics.throttles.add(1, labels)
         await self._registry.outcome(row, outcome)
         record = decisions.attempt_record(
-            row, outcome, started_at=started_at, latency_seconds=latency, stale=verdict.stale
+            row, outcome, started_at=started_at, latency_seconds=latency, stale=cleared.stale
         )
         return await self._conclude(row, outcome, record)
+
+    async def _last_check(
+        self, row: Claimed, slot: gate.Slot, has_destination: bool, no_new_requests: asyncio.Event
+    ) -> decisions.Send | Disposition:
+        """After every wait, immediately before the request: the row checked and stamped in
+        one grouped statement, and what it says obeyed. Send: go now, nothing in between.
+
+        If a budget token must be waited for after the check, the stamp is taken back for
+        that wait and the row is checked again after it. Should the token run out during
+        that second check too (the database answers slower than the budget's spend
+        deadline), the send waits for its token with its stamp kept rather than loop: an
+        operator's cancel then finds it on the wire, marks it and waits for its outcome."""
+        for again in (True, False):
+            check = await self._store.last_check(row.id, row.attempts)
+            if check is None or not check.passed:
+                return await self._not_passed(row, check, has_destination)
+            verdict = self._verdict(check.facts, has_destination)
+            if not isinstance(verdict, decisions.Send):
+                return await self._without_request(row, verdict)
+            short = self._gate.lease_short(check.lease_left_seconds)
+            if short is not None:
+                return await self._defer(row, short.reason, short.seconds)
+            if no_new_requests.is_set():
+                return await self._give_back(row)
+            undo = (lambda: self._store.undo_check(row.id, row.attempts)) if again else None
+            ready = await self._gate.budget_for_request(
+                row, slot, no_new_requests, before_wait=undo
+            )
+            if isinstance(ready, gate.Stopped):
+                return await self._give_back(row)
+            if isinstance(ready, gate.Defer):
+                return await self._defer(row, ready.reason, ready.seconds)
+            if ready or not again:
+                return verdict
+        raise AssertionError("unreachable: the second pass always returns")
+
+    async def _not_passed(
+        self, row: Claimed, check: LastCheck | None, has_destination: bool
+    ) -> Disposition:
+        """The last check did not stamp the row: an operator moved it or asked it to stop,
+        its lease ran out, or another claim holds it. Nothing is sent in any case."""
+        if check is not None and check.moved_under(row.attempts):
+            return self._stopped(row, check)
+        ours = check is not None and check.state is State.SENDING and check.attempts == row.attempts
+        if ours and check is not None and check.facts.stop_action is not None:
+            return await self._without_request(row, self._verdict(check.facts, has_destination))
+        return await self._claim_lost(row)
+
+    def _stopped(self, row: Claimed, check: LastCheck) -> Disposition:
+        """An operator cancelled or dead-lettered the run before this claim's request: the
+        row is final already. A dead-lettered row's dead letter is this message's to carry."""
+        log.info(
+            "claim stopped by an operator before its request",
+            extra={"event": "stopped", "state": check.state.value, **_fields(row)},
+        )
+        if not check.dead_letter_missing:
+            return Ack()
+        reason = check.last_error or "dead"
+        labels = {"channel": row.channel, "provider": row.provider}
+        self._metrics.dead_letters.add(1, {"reason": telemetry.label_value(reason), **labels})
+        return DeadLetter(
+            reason, dead_row=(row.id, row.attempts), headers={"x-relay-last-status": 0}
+        )
 
     async def _pause_provider(self, provider: str, seconds: float) -> None:
         """Every replica stops sending to this provider until the provider says. This
@@ -192,6 +242,8 @@ class Deliverer:
             return await self._skip(row, verdict.reason)
         if isinstance(verdict, decisions.Hold):
             return await self._defer(row, verdict.reason, verdict.seconds)
+        if isinstance(verdict, decisions.Kill):
+            return await self._kill(row, verdict.error)
         assert isinstance(verdict, decisions.Refuse)
         outcome = decisions.refused(verdict.error)
         record = decisions.attempt_record(
@@ -261,6 +313,18 @@ class Deliverer:
         log.info("delivery skipped", extra={"event": "skipped", "reason": reason, **_fields(row)})
         return Ack()
 
+    async def _kill(self, row: Claimed, error: str) -> Disposition:
+        """An operator dead-lettered the run while this row's request was on the wire (it
+        came back to be retried) or claimed: dead now, and its dead letter published."""
+        if not await self._store.complete(decisions.killed(row, error)):
+            return Ack()  # another claim owns the row now
+        labels = {"channel": row.channel, "provider": row.provider}
+        self._metrics.dead_letters.add(1, {"reason": telemetry.label_value(error), **labels})
+        log.info("delivery dead-lettered by an operator", extra={"event": "killed", **_fields(row)})
+        return DeadLetter(
+            error, dead_row=(row.id, row.attempts), headers={"x-relay-last-status": 0}
+        )
+
     async def _defer(self, row: Claimed, reason: str, seconds: float) -> Disposition:
         """Give the claim back without counting an attempt, and park the message."""
         retry_at = self._clock.now() + timedelta(seconds=seconds)
@@ -298,7 +362,10 @@ class Deliverer:
         Nothing was sent. If no one took the row meanwhile, the claim is released (no
         attempt counted) and the message handed back; else the new holder has it."""
         if await self._store.release(row.id, row.attempts, None):
-            log.info("lease ran out before sending; handed back", extra=_fields_event(row))
+            log.info(
+                "lease ran out before sending; handed back",
+                extra={"event": "lease_expired_unsent", **_fields(row)},
+            )
             return GiveBack(amqp.lane_of(row.urgent))
         log.warning(
             "claim lost before sending; left to its new holder",
@@ -329,7 +396,3 @@ def _fields(row: Claimed) -> dict[str, Any]:
         "run_id": row.run_id,
         "attempt": row.attempts,
     }
-
-
-def _fields_event(row: Claimed) -> dict[str, Any]:
-    return {"event": "lease_expired_unsent", **_fields(row)}
