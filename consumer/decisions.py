@@ -69,6 +69,7 @@ def verdict(
     has_destination: bool,
     hold_seconds: float = DISABLED_HOLD_SECONDS,
     held_recheck_seconds: float = 30.0,
+    budget_obeys_pause: bool = False,
 ) -> Verdict:
     """Whether a claimed row may be sent, given what the ledger says about it now.
 
@@ -76,7 +77,9 @@ def verdict(
     ends a hold. A row of a held run is parked next: an operator holding a run wants none
     of its rows to change until the release (or a cancel or dead-letter of the run). A row
     for a disabled destination is held (``hold_seconds``), never refused: it goes out
-    once the destination is enabled again."""
+    once the destination is enabled again. ``budget_obeys_pause``: a throttle pause is
+    waited out by the provider's rate budget (its claim, before the budget wait), not
+    parked for."""
     if facts.stop_action == "cancel":
         return Skip("cancelled")
     if facts.stop_action is not None:
@@ -90,7 +93,7 @@ def verdict(
         return Skip("stale")
     if facts.destination_disabled:
         return Hold(DISABLED_DESTINATION, hold_seconds)
-    if facts.provider_paused_seconds > 0:
+    if facts.provider_paused_seconds > 0 and not budget_obeys_pause:
         return Hold("provider paused", facts.provider_paused_seconds)
     return Send(stale=stale)
 

@@ -7,8 +7,9 @@ id and attempt) -> what to do with the message.
 The send decision is taken at the last moment: after the last wait, one grouped statement
 reads the row again and stamps it, so a cancel, a hold, a disabled destination, a throttle
 pause, staleness or an operator's cancel or dead-letter of the run committed meanwhile is
-obeyed, and nothing waits between that answer and the request. Nothing here touches the
-message: every path returns a ``Disposition`` for the worker.
+obeyed, and nothing waits between that answer and the request (a send that waits for
+nothing goes on its claim's reading). Nothing here touches the message: every path
+returns a ``Disposition`` for the worker.
 """
 
 from __future__ import annotations
@@ -17,18 +18,16 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from consumer import decisions, gate, registry
+from consumer import decisions, gate, registry, unsent
 from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
-from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Redelay
+from consumer.dispositions import Ack, DeadLetter, Disposition, Redelay
 from consumer.retry import Action, RetryPolicy
-from consumer.store import Store
+from consumer.store import Stamp, Store
 from service import amqp, destinations, logs, telemetry
 from service.clock import Clock
 from service.crashpoints import CrashPoints
-from service.errors import Abandoned
 from service.lastcheck import LastCheck
 from service.ledger import Attempt, Claimed, SendFacts, State
 from service.telemetry import Metrics
@@ -70,7 +69,7 @@ class Deliverer:
         self._crash = crash or CrashPoints()
         self._now = monotonic
         self._error_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
-        self._deferral_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
+        self._unsent = unsent.Unsent(store, metrics, clock, monotonic)
         self._targets = targets or registry.DestinationPolicy()
         self._registry = registry.Feedback(store, metrics, self._targets)
 
@@ -79,28 +78,33 @@ class Deliverer:
     ) -> Disposition:
         """Attempt ``row`` (claimed at monotonic ``claimed_at``); what to do with its message."""
         has_destination = row.destination is not None and row.payload is not None
-        verdict = self._verdict(row.facts, has_destination)
+        # A rate-limited provider's pause is waited out by its budget (the tokens carry it).
+        budgeted = self._gate.rate_limited(row.provider)
+        verdict = self._verdict(row.facts, has_destination, budget_obeys_pause=budgeted)
         if not isinstance(verdict, decisions.Send):
             return await self._without_request(row, verdict)
         channel = self._channels.get(row.channel)
         if channel is None:
             self._log_unconfigured(row.channel)
-            return await self._defer(row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS)
+            return await self._unsent.defer(
+                row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS
+            )
         try:
             secrets = self._own_secrets(row)
         except ValueError:
             self._log_unreadable(row.id)
-            return await self._defer(row, _UNREADABLE, self._targets.hold_seconds)
+            return await self._unsent.defer(row, _UNREADABLE, self._targets.hold_seconds)
+        stamp = self._store.stamp(row)  # the claim is the last check until a wait
         admitted = await self._gate.admit(
-            row, claimed_at=claimed_at, no_new_requests=no_new_requests
+            row, claimed_at=claimed_at, no_new_requests=no_new_requests, before_wait=stamp.undo
         )
         if isinstance(admitted, gate.Stopped):
-            return await self._give_back(row)
+            return await self._unsent.give_back(row)
         if isinstance(admitted, gate.Defer):
-            return await self._defer(row, admitted.reason, admitted.seconds)
+            return await self._unsent.defer(row, admitted.reason, admitted.seconds)
         slot = admitted
         try:
-            cleared = await self._last_check(row, slot, has_destination, no_new_requests)
+            cleared = await self._last_check(row, slot, stamp, verdict, no_new_requests)
             if not isinstance(cleared, decisions.Send):
                 return cleared  # not sent: skipped, deferred, given back or stopped
             # Nothing waits between the last check and the request.
@@ -121,10 +125,17 @@ class Deliverer:
         return await self._conclude(row, outcome, record)
 
     async def _last_check(
-        self, row: Claimed, slot: gate.Slot, has_destination: bool, no_new_requests: asyncio.Event
+        self,
+        row: Claimed,
+        slot: gate.Slot,
+        stamp: Stamp,
+        verdict: decisions.Send,
+        no_new_requests: asyncio.Event,
     ) -> decisions.Send | Disposition:
         """After every wait, immediately before the request: the row checked and stamped in
         one grouped statement, and what it says obeyed. Send: go now, nothing in between.
+        If nothing waited since the claim, the claim (which read the same facts and set the
+        stamp) is that check.
 
         If a budget token must be waited for after the check, the stamp is taken back for
         that wait and the row is checked again after it. Should the token run out during
@@ -132,28 +143,39 @@ class Deliverer:
         deadline), the send waits for its token with its stamp kept rather than loop: an
         operator's cancel then finds it on the wire, marks it and waits for its outcome."""
         for again in (True, False):
-            check = await self._store.last_check(row.id, row.attempts)
-            if check is None or not check.passed:
-                return await self._not_passed(row, check, has_destination)
-            verdict = self._verdict(check.facts, has_destination)
-            if not isinstance(verdict, decisions.Send):
-                return await self._without_request(row, verdict)
-            short = self._gate.lease_short(check.lease_left_seconds)
-            if short is not None:
-                return await self._defer(row, short.reason, short.seconds)
-            if no_new_requests.is_set():
-                return await self._give_back(row)
-            undo = (lambda: self._store.undo_check(row.id, row.attempts)) if again else None
+            if not stamp.held:
+                checked = await self._check(row, no_new_requests)
+                if not isinstance(checked, decisions.Send):
+                    return checked
+                verdict, stamp.held = checked, True
             ready = await self._gate.budget_for_request(
-                row, slot, no_new_requests, before_wait=undo
+                row, slot, no_new_requests, before_wait=stamp.undo if again else None
             )
             if isinstance(ready, gate.Stopped):
-                return await self._give_back(row)
+                return await self._unsent.give_back(row)
             if isinstance(ready, gate.Defer):
-                return await self._defer(row, ready.reason, ready.seconds)
+                return await self._unsent.defer(row, ready.reason, ready.seconds)
             if ready or not again:
                 return verdict
         raise AssertionError("unreachable: the second pass always returns")
+
+    async def _check(
+        self, row: Claimed, no_new_requests: asyncio.Event
+    ) -> decisions.Send | Disposition:
+        """One last check: Send, or what became of the row without a request."""
+        has_destination = row.destination is not None and row.payload is not None
+        check = await self._store.last_check(row.id, row.attempts)
+        if check is None or not check.passed:
+            return await self._not_passed(row, check, has_destination)
+        verdict = self._verdict(check.facts, has_destination)
+        if not isinstance(verdict, decisions.Send):
+            return await self._without_request(row, verdict)
+        short = self._gate.lease_short(check.lease_left_seconds)
+        if short is not None:
+            return await self._unsent.defer(row, short.reason, short.seconds)
+        if no_new_requests.is_set():
+            return await self._unsent.give_back(row)
+        return verdict
 
     async def _not_passed(
         self, row: Claimed, check: LastCheck | None, has_destination: bool
@@ -161,27 +183,11 @@ class Deliverer:
         """The last check did not stamp the row: an operator moved it or asked it to stop,
         its lease ran out, or another claim holds it. Nothing is sent in any case."""
         if check is not None and check.moved_under(row.attempts):
-            return self._stopped(row, check)
+            return self._unsent.stopped(row, check)
         ours = check is not None and check.state is State.SENDING and check.attempts == row.attempts
         if ours and check is not None and check.facts.stop_action is not None:
             return await self._without_request(row, self._verdict(check.facts, has_destination))
-        return await self._claim_lost(row)
-
-    def _stopped(self, row: Claimed, check: LastCheck) -> Disposition:
-        """An operator cancelled or dead-lettered the run before this claim's request: the
-        row is final already. A dead-lettered row's dead letter is this message's to carry."""
-        log.info(
-            "claim stopped by an operator before its request",
-            extra={"event": "stopped", "state": check.state.value, **_fields(row)},
-        )
-        if not check.dead_letter_missing:
-            return Ack()
-        reason = check.last_error or "dead"
-        labels = {"channel": row.channel, "provider": row.provider}
-        self._metrics.dead_letters.add(1, {"reason": telemetry.label_value(reason), **labels})
-        return DeadLetter(
-            reason, dead_row=(row.id, row.attempts), headers={"x-relay-last-status": 0}
-        )
+        return await self._unsent.claim_lost(row)
 
     async def _pause_provider(self, provider: str, seconds: float) -> None:
         """Every replica stops sending to this provider until the provider says. This
@@ -196,12 +202,15 @@ class Deliverer:
                 extra={"event": "pause_not_shared", "error": type(exc).__name__},
             )
 
-    def _verdict(self, facts: SendFacts, has_destination: bool) -> decisions.Verdict:
+    def _verdict(
+        self, facts: SendFacts, has_destination: bool, *, budget_obeys_pause: bool = False
+    ) -> decisions.Verdict:
         return decisions.verdict(
             facts,
             has_destination=has_destination,
             hold_seconds=self._targets.hold_seconds,
             held_recheck_seconds=self._held_recheck,
+            budget_obeys_pause=budget_obeys_pause,
         )
 
     def _own_secrets(self, row: Claimed) -> tuple[str, ...] | None:
@@ -239,11 +248,11 @@ class Deliverer:
 
     async def _without_request(self, row: Claimed, verdict: decisions.Verdict) -> Disposition:
         if isinstance(verdict, decisions.Skip):
-            return await self._skip(row, verdict.reason)
+            return await self._unsent.skip(row, verdict.reason)
         if isinstance(verdict, decisions.Hold):
-            return await self._defer(row, verdict.reason, verdict.seconds)
+            return await self._unsent.defer(row, verdict.reason, verdict.seconds)
         if isinstance(verdict, decisions.Kill):
-            return await self._kill(row, verdict.error)
+            return await self._unsent.kill(row, verdict.error)
         assert isinstance(verdict, decisions.Refuse)
         outcome = decisions.refused(verdict.error)
         record = decisions.attempt_record(
@@ -281,7 +290,7 @@ class Deliverer:
                     "error": logs.redact(outcome.error) if outcome.error else None,
                     "latency_ms": round((record.latency_ms or 0.0), 1),
                     "fenced_out": not written,
-                    **_fields(row),
+                    **unsent.fields(row),
                 },
             )
         if not written:
@@ -305,74 +314,6 @@ class Deliverer:
             )
         return Ack()
 
-    async def _skip(self, row: Claimed, reason: str) -> Disposition:
-        await self._store.complete(decisions.skipped(row, reason))
-        self._metrics.skipped.add(
-            1, {"reason": telemetry.label_value(reason), "channel": row.channel}
-        )
-        log.info("delivery skipped", extra={"event": "skipped", "reason": reason, **_fields(row)})
-        return Ack()
-
-    async def _kill(self, row: Claimed, error: str) -> Disposition:
-        """An operator dead-lettered the run while this row's request was on the wire (it
-        came back to be retried) or claimed: dead now, and its dead letter published."""
-        if not await self._store.complete(decisions.killed(row, error)):
-            return Ack()  # another claim owns the row now
-        labels = {"channel": row.channel, "provider": row.provider}
-        self._metrics.dead_letters.add(1, {"reason": telemetry.label_value(error), **labels})
-        log.info("delivery dead-lettered by an operator", extra={"event": "killed", **_fields(row)})
-        return DeadLetter(
-            error, dead_row=(row.id, row.attempts), headers={"x-relay-last-status": 0}
-        )
-
-    async def _defer(self, row: Claimed, reason: str, seconds: float) -> Disposition:
-        """Give the claim back without counting an attempt, and park the message."""
-        retry_at = self._clock.now() + timedelta(seconds=seconds)
-        await self._store.release(row.id, row.attempts, retry_at)
-        self._metrics.deferrals.add(1, {"reason": telemetry.label_value(reason)})
-        # One INFO line per reason a minute (a held destination defers every delivery of
-        # it, every half minute), naming how many went to DEBUG since; each one at DEBUG.
-        self._deferral_lines.log(
-            log,
-            reason,
-            "send deferred without an attempt",
-            {
-                "event": "deferred",
-                "delivery_id": row.id,
-                "reason": reason,
-                "delay_seconds": round(seconds, 3),
-            },
-        )
-        # Parked even if the release found the claim gone: an extra message is harmless.
-        return Redelay(amqp.lane_of(row.urgent), seconds)
-
-    async def _give_back(self, row: Claimed) -> Disposition:
-        """Shutdown: release the claim (no attempt) and hand the message back."""
-        try:
-            await self._store.release(row.id, row.attempts, None)
-        except Abandoned:
-            pass  # the database is gone too: the lease runs out and a later claim takes it
-        self._metrics.deferrals.add(1, {"reason": "shutdown"})
-        log.info("claim given back at shutdown", extra={"event": "given_back", **_fields(row)})
-        return GiveBack(amqp.lane_of(row.urgent))
-
-    async def _claim_lost(self, row: Claimed) -> Disposition:
-        """The lease ran out while the send waited (e.g. through a database outage).
-
-        Nothing was sent. If no one took the row meanwhile, the claim is released (no
-        attempt counted) and the message handed back; else the new holder has it."""
-        if await self._store.release(row.id, row.attempts, None):
-            log.info(
-                "lease ran out before sending; handed back",
-                extra={"event": "lease_expired_unsent", **_fields(row)},
-            )
-            return GiveBack(amqp.lane_of(row.urgent))
-        log.warning(
-            "claim lost before sending; left to its new holder",
-            extra={"event": "claim_lost", **_fields(row)},
-        )
-        return Ack()
-
     def _log_unreadable(self, delivery_id: int) -> None:
         if self._error_lines.admit(_UNREADABLE) is not None:
             log.error(
@@ -387,12 +328,3 @@ class Deliverer:
                 "channel not configured on this replica; deferring its deliveries",
                 extra={"event": "channel_not_configured", "channel": channel},
             )
-
-
-def _fields(row: Claimed) -> dict[str, Any]:
-    return {
-        "delivery_id": row.id,
-        "key": row.idempotency_key,
-        "run_id": row.run_id,
-        "attempt": row.attempts,
-    }

@@ -87,12 +87,18 @@ class Gate:
         self._now = monotonic
 
     async def admit(
-        self, row: Claimed, *, claimed_at: float, no_new_requests: asyncio.Event
+        self,
+        row: Claimed,
+        *,
+        claimed_at: float,
+        no_new_requests: asyncio.Event,
+        before_wait: Callable[[], Awaitable[None]] | None = None,
     ) -> Slot | Defer | Stopped:
         """Wait until ``row`` may be sent; the slot to hold during its request, or why not.
 
         ``claimed_at`` is the monotonic time taken before the claim (its lease ends no
-        earlier than ``claimed_at + lease_seconds``).
+        earlier than ``claimed_at + lease_seconds``). ``before_wait`` runs before the first
+        wait (for budget or a slot), if any.
         """
         assert row.destination is not None
         key = isolation.destination_key(row.channel, row.provider, row.destination)
@@ -102,7 +108,10 @@ class Gate:
         budget_deadline = None
         # A token at hand is taken after the last check (``budget_for_request``), so the
         # check's round trip does not age it; only a send that must wait takes one here.
-        if self._budgets is not None and not self._budgets.at_hand(row.provider):
+        # A provider without a rate budget takes none: its pause is read by the checks.
+        if self.rate_limited(row.provider) and not self._budgets_at_hand(row.provider):
+            if before_wait is not None:
+                await before_wait()
             got = await self._budget(row, no_new_requests)
             if not isinstance(got, float):
                 return got
@@ -110,6 +119,8 @@ class Gate:
         # Usually a slot is free: take it without a task or a wait.
         admission: isolation.Admission | Stopped = self._guard.try_take_slot(key)
         if isinstance(admission, isolation.Admission) and not admission.admitted:
+            if before_wait is not None:
+                await before_wait()
             admission = await _unless(no_new_requests, self._guard.take_slot(key))
         if isinstance(admission, Stopped):
             return admission
@@ -147,6 +158,13 @@ class Gate:
             return Defer("rate budget exhausted or paused", self._budget_defer)
         return got
 
+    def rate_limited(self, provider: str) -> bool:
+        """Does ``provider`` have a rate budget (whose tokens also carry its pause)?"""
+        return self._budgets is not None and self._budgets.rate_limited(provider)
+
+    def _budgets_at_hand(self, provider: str) -> bool:
+        return self._budgets is not None and self._budgets.at_hand(provider)
+
     def lease_short(self, lease_left_seconds: float) -> Defer | None:
         """The lease left (by the last check, on the database's clock) cannot cover a
         request: defer it rather than let it outlive the claim. None: enough left."""
@@ -166,18 +184,19 @@ class Gate:
 
         True: send now. A token taken while waiting is still valid; or one is at hand,
         taken now without suspending (no other task runs in between, so nothing sits
-        between the last check and the request); or the provider has no rate budget (its
-        token only carries a throttle pause, which the last check has just read from the
-        shared row). False: a token had to be waited for (``before_wait``, if any, ran
-        first): the row must be checked again.
+        between the last check and the request); or the provider has no rate budget (no
+        token: its throttle pause is read by the claim and the last check from the shared
+        row, and this replica's own is read here). False: a token had to be waited for
+        (``before_wait``, if any, ran first): the row must be checked again.
         """
         if slot.budget_deadline is not None and self._now() <= slot.budget_deadline:
             return True
         if self._budgets is None:
             return True
+        if not self._budgets.rate_limited(row.provider):
+            paused = self._budgets.paused_seconds(row.provider)
+            return Defer("rate budget exhausted or paused", paused) if paused > 0 else True
         at_hand = self._budgets.at_hand(row.provider)
-        if not at_hand and not self._budgets.rate_limited(row.provider):
-            return True
         if not at_hand and before_wait is not None:
             await before_wait()
         got = await self._budget(row, no_new_requests)

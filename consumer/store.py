@@ -24,6 +24,23 @@ from service.ledger import Claimed, Completion, State, Unclaimable
 ClaimResult = Claimed | Unclaimable | None
 
 
+class Stamp:
+    """A claim's ``last_check_at``: set by the claim (which read every send fact: the
+    row's last check until its send waits) and by each last check; taken back before a
+    wait, so that an operator's cancel meanwhile moves the row instead of finding it on
+    the wire."""
+
+    def __init__(self, store: Store, delivery_id: int, attempt: int) -> None:
+        self._store = store
+        self._claim = (delivery_id, attempt)
+        self.held = True  # the claim stamped it
+
+    async def undo(self) -> None:
+        if self.held:
+            self.held = False
+            await self._store.undo_check(*self._claim)
+
+
 class Store:
     """One per consumer process. ``start()`` before use, ``close()`` at the end."""
 
@@ -79,6 +96,10 @@ class Store:
         """The row checked (and, if still held, stamped) right before its request, after
         every wait (None: the row is gone)."""
         return await self._checks.submit((delivery_id, attempt))
+
+    def stamp(self, row: Claimed) -> Stamp:
+        """The stamp the claim of ``row`` set."""
+        return Stamp(self, row.id, row.attempts)
 
     async def undo_check(self, delivery_id: int, attempt: int) -> None:
         """The request must wait again after its check passed: not on the wire meanwhile."""

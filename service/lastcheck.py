@@ -1,10 +1,12 @@
 """The last check before a request: the one statement between the last wait and the send.
 
-After every wait (rate budget, destination slot, circuit), a consumer runs the claims it is
-about to send through ``last_checks``: one guarded UPDATE per group that stamps each row
-still held by its claim (``last_check_at``) and reads, as of its row lock, everything the
-send decision needs (cancel, hold, stale, destination disabled, provider paused, lease,
-an operator's stop). Nothing waits between that answer and the request.
+After every wait (rate budget, destination slot), a consumer runs the claims it is about
+to send through ``last_checks``: one guarded UPDATE per group that stamps each row still
+held by its claim (``last_check_at``) and reads, as of its row lock, everything the send
+decision needs (cancel, hold, stale, destination disabled, provider paused, lease, an
+operator's stop). Nothing waits between that answer and the request. The claim stamps the
+row too (it reads the same facts): a send that waits for nothing has its claim as last
+check, and one that waits takes the stamp back first (``undo``).
 
 The stamp is what an operator's cancel or dead-letter of a run reads (``service.control``):
 both statements lock the row, so either the check finds the row already moved (and the

@@ -183,6 +183,7 @@ WHERE d.id = locked.id AND d.state = 'pending';
 -- never claimed before its occurrence is due. Returns what the send needs and the facts
 -- the pre-send checks read (with the database's clock), among them an operator's request
 -- to stop the row (stop_action: its request was on the wire when the run was cancelled).
+-- The claim stamps last_check_at: if the send waits for nothing, it is the last check.
 WITH target AS (
     SELECT id, state AS prior_state
     FROM deliveries
@@ -200,7 +201,7 @@ WITH target AS (
         next_attempt_at = NULL,
         first_attempt_at = coalesce(d.first_attempt_at, now()),
         published_at = coalesce(d.published_at, now()),
-        last_check_at = NULL
+        last_check_at = now()  -- the claim reads every send fact: the last check until a wait
     FROM target AS t
     WHERE d.id = t.id
     RETURNING d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
@@ -231,10 +232,13 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
                 '{}') AS secrets,
        EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = c.run_id AND p.held_at IS NOT NULL)
            AS run_held,
-       ra.action AS stop_action, ra.reason AS stop_reason
+       ra.action AS stop_action, ra.reason AS stop_reason,
+       greatest(0, extract(epoch FROM b.paused_until - clock_timestamp()))::float8
+           AS provider_paused_seconds
 FROM claimed AS c
 LEFT JOIN reminders AS r ON r.id = c.reminder_id
 LEFT JOIN run_actions AS ra ON ra.id = c.stop_action_id
+LEFT JOIN rate_budgets AS b ON b.provider = c.provider
 LEFT JOIN destinations AS dst
        ON dst.url = coalesce(c.destination, r.destination) AND c.channel = 'webhook';
 
@@ -251,7 +255,7 @@ WHERE id = ANY($1::bigint[]);
 
 -- name: last_check
 -- The last check before each request, after every wait (claims $1, each with the attempt
--- $2 it owns). A row still 'sending' under this very claim, its lease not run out and no
+-- $2 it owns; a send that waited for nothing has its claim as last check). A row still 'sending' under this very claim, its lease not run out and no
 -- operator's stop asked for, is stamped last_check_at: from now on its request may be on
 -- the wire. The rows are locked in id order, as run_stop locks them, so the stamp and an
 -- operator's cancel serialize on each row: either this check finds the row moved (and

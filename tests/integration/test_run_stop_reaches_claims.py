@@ -85,9 +85,15 @@ async def _claimed_waiting_for_budget(
     async def all_claimed() -> bool:
         return await _states(pool, run_id) == {("sending", None): CLAIMED}
 
-    await rs.wait_for(all_claimed, 60, f"{CLAIMED} rows claimed, waiting for budget")
-    stamped = await pool.fetchval("SELECT count(*) FROM deliveries WHERE last_check_at IS NOT NULL")
-    assert stamped == 0 and partner.state.arrivals == []
+    await rs.wait_for(all_claimed, 60, f"{CLAIMED} rows claimed")
+
+    async def none_stamped() -> bool:
+        # Each claim stamped its row, and took the stamp back to wait for the budget.
+        stamped = "SELECT count(*) FROM deliveries WHERE last_check_at IS NOT NULL"
+        return await pool.fetchval(stamped) == 0
+
+    await rs.wait_for(none_stamped, 60, "every claim waiting for budget")
+    assert partner.state.arrivals == []
     return run_id, consumer
 
 

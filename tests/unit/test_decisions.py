@@ -165,6 +165,12 @@ def test_a_paused_provider_holds_the_send_for_the_pause() -> None:
     assert decisions.verdict(facts, has_destination=True) == decisions.Hold("provider paused", 2.5)
 
 
+def test_a_pause_its_rate_budget_waits_out_is_not_parked_for_at_the_claim() -> None:
+    facts = replace(FRESH, provider_paused_seconds=2.5)
+    verdict = decisions.verdict(facts, has_destination=True, budget_obeys_pause=True)
+    assert verdict == decisions.Send(stale=False)
+
+
 def test_a_stale_row_with_send_stale_still_waits_out_a_pause() -> None:
     facts = replace(FRESH, age_seconds=1e6, send_stale=True, provider_paused_seconds=1.0)
     assert decisions.verdict(facts, has_destination=True) == decisions.Hold("provider paused", 1.0)

@@ -10,10 +10,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from consumer import gate, isolation
+from consumer import gate, isolation, store
 from consumer.channels.base import Outcome, OutcomeKind, SendRequest
 from consumer.delivery import Deliverer
-from consumer.dispositions import Ack, DeadLetter, Disposition
+from consumer.dispositions import Ack, DeadLetter, Disposition, Redelay
 from consumer.retry import RetryPolicy
 from service import telemetry
 from service.lastcheck import LastCheck
@@ -79,6 +79,9 @@ class Ledger:
         self.clock.now += self.check_seconds
         return self.row
 
+    def stamp(self, row: Claimed) -> store.Stamp:
+        return store.Stamp(self, row.id, row.attempts)  # type: ignore[arg-type]
+
     async def undo_check(self, delivery_id: int, attempt: int) -> None:
         self.calls.append("undo_check")
 
@@ -100,9 +103,14 @@ class Budget:
         self.grants: asyncio.Queue[float] = asyncio.Queue()
         self.tokens_at_hand = 0  # taken without waiting
         self.hand_deadline = 0.0
+        self.limited = True
+        self.paused = 0.0  # this process's own throttle pause
 
     def rate_limited(self, provider: str) -> bool:
-        return True
+        return self.limited
+
+    def paused_seconds(self, provider: str) -> float:
+        return self.paused
 
     def at_hand(self, provider: str) -> bool:
         return self.tokens_at_hand > 0
@@ -170,7 +178,14 @@ async def test_a_valid_token_goes_from_the_last_check_straight_to_the_request() 
     budget = Budget(ledger.calls)
     budget.grants.put_nowait(clock.now + 0.06)
     disposition = await _deliver(_deliverer(clock, ledger, budget), clock)
-    assert ledger.calls == ["budget_wait", "last_check", "request", "complete:delivered"]
+    # The claim's stamp is taken back for the wait; the check after it stamps again.
+    assert ledger.calls == [
+        "undo_check",
+        "budget_wait",
+        "last_check",
+        "request",
+        "complete:delivered",
+    ]
     assert disposition == Ack()
 
 
@@ -186,13 +201,20 @@ async def test_a_cancel_committed_during_the_second_budget_wait_is_obeyed() -> N
     budget.grants.put_nowait(clock.now + 0.06)
     delivering = asyncio.create_task(_deliver(_deliverer(clock, ledger, budget), clock))
     await _second_wait(budget, ledger)
-    assert ledger.calls == ["budget_wait", "last_check", "undo_check", "budget_wait"]
+    assert ledger.calls == [
+        "undo_check",
+        "budget_wait",
+        "last_check",
+        "undo_check",
+        "budget_wait",
+    ]
 
     ledger.row = replace(ledger.row, passed=False, state=State.SKIPPED)  # the cancel commits
     budget.grants.put_nowait(clock.now + 0.06)  # the wait ends with a valid token
     disposition = await asyncio.wait_for(delivering, 5)
 
     assert ledger.calls == [
+        "undo_check",
         "budget_wait",
         "last_check",
         "undo_check",
@@ -254,6 +276,7 @@ async def test_a_check_that_outlives_its_token_with_a_new_one_after_the_wait_sen
     budget.grants.put_nowait(clock.now + 0.06)
     assert await asyncio.wait_for(delivering, 5) == Ack()
     assert ledger.calls == [
+        "undo_check",
         "budget_wait",
         "last_check",
         "undo_check",
@@ -264,15 +287,40 @@ async def test_a_check_that_outlives_its_token_with_a_new_one_after_the_wait_sen
     ]
 
 
-async def test_a_token_at_hand_is_taken_after_the_last_check_so_the_check_never_ages_it() -> None:
+async def test_a_send_that_waits_for_nothing_goes_on_its_claims_check_with_a_token_at_hand() -> (
+    None
+):
+    """The claim read every fact and stamped the row; nothing waited since, so no other
+    statement runs before the request (the hot path), and the token is taken last."""
     clock = Clock()
     ledger = Ledger(clock)
     budget = Budget(ledger.calls)
-    ledger.check_seconds = 0.1  # longer than a token lives: harmless, it is taken after
     budget.tokens_at_hand, budget.hand_deadline = 1, clock.now + 0.2
     disposition = await _deliver(_deliverer(clock, ledger, budget), clock)
-    assert ledger.calls == ["last_check", "budget_take", "request", "complete:delivered"]
+    assert ledger.calls == ["budget_take", "request", "complete:delivered"]
     assert disposition == Ack()
+
+
+async def test_a_provider_without_a_rate_budget_waits_for_no_token_and_runs_no_statement() -> None:
+    """Its token would only carry a throttle pause, which its claim read: the hot path of a
+    drain is the claim, the request and the outcome."""
+    clock = Clock()
+    ledger = Ledger(clock)
+    budget = Budget(ledger.calls)
+    budget.limited = False
+    disposition = await _deliver(_deliverer(clock, ledger, budget), clock)
+    assert ledger.calls == ["request", "complete:delivered"]
+    assert disposition == Ack()
+
+
+async def test_a_provider_without_a_rate_budget_paused_by_this_process_is_deferred() -> None:
+    clock = Clock()
+    ledger = Ledger(clock)
+    budget = Budget(ledger.calls)
+    budget.limited, budget.paused = False, 2.5
+    disposition = await _deliver(_deliverer(clock, ledger, budget), clock)
+    assert ledger.calls == ["release"] and isinstance(disposition, Redelay)
+    assert disposition.seconds == 2.5
 
 
 async def test_a_token_outlived_by_both_checks_is_waited_for_with_the_stamp_kept() -> None:
@@ -286,6 +334,7 @@ async def test_a_token_outlived_by_both_checks_is_waited_for_with_the_stamp_kept
     budget.grants = _Fresh(clock)  # type: ignore[assignment]
     disposition = await asyncio.wait_for(_deliver(_deliverer(clock, ledger, budget), clock), 5)
     assert ledger.calls == [
+        "undo_check",
         "budget_wait",
         "last_check",
         "undo_check",

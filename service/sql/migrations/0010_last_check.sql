@@ -1,11 +1,12 @@
 -- The last check before a request (issue 24, item 4): an operator's cancel or dead-letter
 -- of a run reaches rows already claimed, and says which of them were already on the wire.
 
--- When this attempt passed its last check (a guarded UPDATE right before the request, after
--- every wait): from then on its request may be on the wire. NULL: not yet, or not sending.
--- `relay runs cancel`/`dead-letter` moves a claimed row without it at once (its consumer's
--- last check then finds the row moved and sends nothing), and leaves a row with it to
--- finish, marked (stop_action_id) so that it is never sent again.
+-- When this attempt passed its last check (its claim, or the guarded UPDATE right before
+-- the request after a wait; taken back before any wait): from then on its request may be
+-- on the wire. NULL: waiting (budget, slot), or not sending. `relay runs cancel` and
+-- `dead-letter` move a claimed row without it at once (its consumer's last check then
+-- finds the row moved and sends nothing), and leave a row with it to finish, marked
+-- (stop_action_id) so that it is never sent again.
 ALTER TABLE deliveries ADD COLUMN last_check_at timestamptz;
 ALTER TABLE deliveries ADD CONSTRAINT last_check_only_while_sending
     CHECK (last_check_at IS NULL OR state = 'sending');
