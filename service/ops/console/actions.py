@@ -85,6 +85,7 @@ class Actions:
     replay: Replay
     queue_depth: QueueDepth
     switching: Switching
+    wire_wait_seconds: float = control.wire_wait_seconds(10.0)  # cancel, dead-letter
 
     async def replay_dead(
         self, operator: str, request: ReplayRequest, *, apply: bool, reason: str
@@ -130,6 +131,10 @@ class Actions:
             result = await control.act_on_run(
                 conn, run_id, action, operator=operator, reason=reason or None, apply=apply
             )
+            if result is not None and result.wire:  # requests on the wire: their outcome
+                result = await control.settle(
+                    conn, result, reason=reason or None, wait_seconds=self.wire_wait_seconds
+                )
         if result is None:
             raise ActionError(f"no run {run_id}")
         if apply and result.changed:

@@ -13,6 +13,7 @@ import asyncpg
 import jinja2
 from aiohttp import web
 
+from service import control
 from service.ops.console import actions, api, pages, security
 from service.ops.console.app_keys import ACTIONS, DOOR, POOL, TEMPLATES
 
@@ -49,11 +50,14 @@ def build(
     queue_depth: actions.QueueDepth,
     door: security.Door,
     switching: actions.Switching,
+    *,
+    wire_wait_seconds: float = control.wire_wait_seconds(10.0),
 ) -> web.Application:
-    """The console's aiohttp application."""
+    """The console's aiohttp application (``wire_wait_seconds``: how long a run's cancel
+    or dead-letter waits for the requests it found on the wire)."""
     app = web.Application(middlewares=[security.middleware(door)], client_max_size=64 * 1024)
     app[POOL] = pool
-    app[ACTIONS] = actions.Actions(pool, replay, queue_depth, switching)
+    app[ACTIONS] = actions.Actions(pool, replay, queue_depth, switching, wire_wait_seconds)
     app[DOOR] = door
     app[TEMPLATES] = templates()
     app.add_routes(pages.routes())

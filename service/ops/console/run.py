@@ -20,7 +20,7 @@ import asyncpg
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
-from service import amqp, db, destination_switch, errors, ledger, logs, telemetry
+from service import amqp, control, db, destination_switch, errors, ledger, logs, telemetry
 from service.clock import SystemClock
 from service.ops import destinations as ops_destinations
 from service.ops.console import actions, app, security
@@ -101,7 +101,9 @@ async def serving(
         topology = amqp.Topology.from_settings(settings)
         replay = make_replay(pool, publisher, connection, topology, telemetry.noop())
         depth = make_queue_depth(connection, topology, settings.amqp_timeout_seconds)
-        runner = web.AppRunner(app.build(pool, replay, depth, door, switch), access_log=None)
+        wait = control.wire_wait_seconds(settings.http_timeout_seconds)
+        console = app.build(pool, replay, depth, door, switch, wire_wait_seconds=wait)
+        runner = web.AppRunner(console, access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, settings.console_host, settings.console_port)
