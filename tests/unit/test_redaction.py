@@ -1,6 +1,7 @@
-"""One redaction for operator output: ``service.ops.redaction`` shows a webhook as its
-scheme and host, an e-mail address or phone number not at all, and text from outside
-redacted, on one line, bounded; ``relay deliveries show``'s document goes through it."""
+"""One redaction for the CLI and the console: ``service.ops.redaction`` shows a webhook as
+its scheme and host, an e-mail address or phone number not at all, and text from outside
+redacted, on one line, bounded. The same cases run through ``relay deliveries show``'s
+document and the console's rows (pages and /api/v1): both show exactly the same."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from service.ops import deliveries, redaction
+from service.ops.console import data
 
 LONG_REPLY = "unknown user dr.who@clinic.example\n call +4915112345678 or see https://x.example/a "
 
@@ -68,23 +70,31 @@ def _attempt(text: str | None) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("channel", "stored", "shown"), DESTINATIONS)
-def test_the_cli_shows_a_destination_redacted(
+def test_the_cli_and_the_console_show_a_destination_alike(
     channel: str | None, stored: str | None, shown: str | None
 ) -> None:
     assert redaction.destination(channel, stored) == shown
     cli = deliveries.story(_stored_row(channel, stored, None), [])  # type: ignore[arg-type]
-    assert cli["destination"] == shown
+    console = data.shown_row({"channel": channel, "destination": stored})
+    assert cli["destination"] == console["destination"] == shown
+    revealed = data.shown_row({"channel": channel, "destination": stored}, reveal=True)
+    assert revealed["destination"] == stored  # a recorded reveal shows it whole
 
 
 @pytest.mark.parametrize(("stored", "shown"), TEXTS)
-def test_the_cli_shows_text_from_outside_redacted(stored: str | None, shown: str | None) -> None:
+def test_the_cli_and_the_console_show_text_from_outside_alike(
+    stored: str | None, shown: str | None
+) -> None:
     expected = redaction.text(stored)
     if shown is not None:
         assert expected == shown
     cli = deliveries.story(_stored_row("webhook", None, stored), [_attempt(stored)])  # type: ignore[arg-type, list-item]
-    assert cli["last_error"] == expected
+    console = data.shown_row({"last_error": stored, "channel": "webhook"})
+    attempt = data.shown_row(_attempt(stored))
+    assert cli["last_error"] == console["last_error"] == expected
     (history,) = cli["attempt_history"]
-    assert history["reply_excerpt"] == history["error"] == expected
+    assert history["reply_excerpt"] == attempt["response_excerpt"] == expected
+    assert history["error"] == attempt["error"] == expected
 
 
 def test_text_from_outside_is_redacted_flattened_and_bounded() -> None:
