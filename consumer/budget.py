@@ -43,7 +43,8 @@ from service import db, logs
 log = logs.get("consumer")
 
 # A provider without a budget (only a throttle pause can stop it): tokens live this long,
-# which is how soon another replica's pause is obeyed.
+# which is how soon another replica's pause is obeyed. (The consumer takes none for such a
+# provider: its claim and last check read the pause from the shared row themselves.)
 _UNBUDGETED_DEADLINE_SECONDS = 0.1
 _UNBUDGETED_BLOCK = 1000
 _LEASE_RETRY_SECONDS = 0.5
@@ -208,6 +209,15 @@ class Budgets:
                 await self._pool.execute(db.q("ensure_budget"), provider)
             state = self._providers.setdefault(provider, _ProviderState(self._specs.get(provider)))
         return state
+
+    def rate_limited(self, provider: str) -> bool:
+        """Does ``provider`` have a rate budget (else only a throttle pause stops it)?"""
+        return provider in self._specs
+
+    def paused_seconds(self, provider: str) -> float:
+        """How much longer this process knows ``provider`` to be paused (a throttle)."""
+        state = self._providers.get(provider)
+        return max(0.0, state.paused_until - self._now()) if state is not None else 0.0
 
     def at_hand(self, provider: str) -> bool:
         """Would ``acquire`` return at once (a leased token here, nobody ahead)?"""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 import asyncpg
 from opentelemetry import trace
 
-from consumer import budget, delivery, gate, isolation, reconcile, retry, store, worker
+from consumer import budget, delivery, gate, isolation, reconcile, registry, retry, store, worker
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
@@ -150,9 +150,9 @@ def destination_guard(settings: Settings) -> isolation.DestinationGuard:
     )
 
 
-def targets(settings: Settings) -> delivery.DestinationPolicy:
+def targets(settings: Settings) -> registry.DestinationPolicy:
     """How the consumer opens destinations' secrets and when a failure streak disables."""
-    return delivery.DestinationPolicy(
+    return registry.DestinationPolicy(
         vault=destinations.vault_from_keys(
             [k.get_secret_value() for k in settings.destination_secrets_keys]
         ),

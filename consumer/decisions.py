@@ -39,6 +39,14 @@ class Refuse:
 
 
 @dataclass(frozen=True)
+class Kill:
+    """An operator dead-lettered the run while this row was claimed: it ends 'dead'
+    (replayable) without a request, and its dead letter is published."""
+
+    error: str
+
+
+@dataclass(frozen=True)
 class Hold:
     """Not now: give the claim back and try again after ``seconds``."""
 
@@ -46,7 +54,7 @@ class Hold:
     seconds: float
 
 
-Verdict = Send | Skip | Refuse | Hold
+Verdict = Send | Skip | Refuse | Hold | Kill
 
 DISABLED_DESTINATION = "destination disabled"
 # How long a delivery to a disabled destination is parked by default (s).
@@ -62,13 +70,21 @@ def verdict(
     has_destination: bool,
     hold_seconds: float = DISABLED_HOLD_SECONDS,
     held_recheck_seconds: float = 30.0,
+    budget_obeys_pause: bool = False,
 ) -> Verdict:
     """Whether a claimed row may be sent, given what the ledger says about it now.
 
-    A row of a held run is parked first of all: an operator holding a run wants none of
-    its rows to change until the release (or a cancel or dead-letter of the run). A row
+    An operator's cancel or dead-letter of the run comes first of all: it is the word that
+    ends a hold. A row of a held run is parked next: an operator holding a run wants none
+    of its rows to change until the release (or a cancel or dead-letter of the run). A row
     for a disabled destination is held (``hold_seconds``), never refused: it goes out
-    once the destination is enabled again."""
+    once the destination is enabled again. ``budget_obeys_pause``: a throttle pause is
+    waited out by the provider's rate budget (its claim, before the budget wait), not
+    parked for."""
+    if facts.stop_action == "cancel":
+        return Skip("cancelled")
+    if facts.stop_action is not None:
+        return Kill(ledger.operator_dead_error(facts.stop_reason))
     if facts.run_held:
         return Hold(RUN_HELD, held_recheck_seconds)
     if not facts.active or not has_destination:
@@ -80,7 +96,7 @@ def verdict(
         return Skip("stale")
     if facts.destination_disabled:
         return Hold(DISABLED_DESTINATION, hold_seconds)
-    if facts.provider_paused_seconds > 0:
+    if facts.provider_paused_seconds > 0 and not budget_obeys_pause:
         return Hold("provider paused", facts.provider_paused_seconds)
     return Send(stale=stale)
 
@@ -112,6 +128,17 @@ def reconciled(row: Claimed, message_id: str, started_at: datetime) -> Completio
             possibly_delivered=False,
             provider_message_id=message_id,
         ),
+    )
+
+
+def killed(row: Claimed, error: str) -> Completion:
+    """The completion of a row an operator dead-lettered while it was claimed."""
+    return Completion(
+        id=row.id,
+        attempt=row.attempts,
+        state=State.DEAD,
+        error=error,
+        record=ledger.Attempt(outcome="skipped", error=error, possibly_delivered=False),
     )
 
 

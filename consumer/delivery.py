@@ -1,13 +1,15 @@
 """One claimed delivery, from the pre-send checks to its durable outcome.
 
 checks (claim's facts) -> channel configured? -> gate (circuit, budget, slot, lease) ->
-last look (the ledger read again after the waits) -> request -> retry policy -> outcome
-written (fenced by id and attempt) -> what to do with the message.
+last check (``service.lastcheck``) -> request -> retry policy -> outcome written (fenced by
+id and attempt) -> what to do with the message.
 
-The send decision is taken at the last moment: after every wait, the row is read again,
-so a cancel, a disabled destination, a throttle pause or staleness committed meanwhile is
-obeyed. The one window left is the time between that read and the request going out.
-Nothing here touches the message: every path returns a ``Disposition`` for the worker.
+The send decision is taken at the last moment: after the last wait, one grouped statement
+reads the row again and stamps it, so a cancel, a hold, a disabled destination, a throttle
+pause, staleness or an operator's cancel or dead-letter of the run committed meanwhile is
+obeyed, and nothing waits between that answer and the request (a send that waits for
+nothing goes on its claim's reading). Nothing here touches the message: every path
+returns a ``Disposition`` for the worker.
 """
 
 from __future__ import annotations
@@ -16,39 +18,24 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from consumer import decisions, gate, reconcile
+from consumer import decisions, gate, reconcile, registry, unsent
 from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
-from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Redelay
+from consumer.dispositions import Ack, DeadLetter, Disposition, Redelay
 from consumer.retry import Action, RetryPolicy
-from consumer.store import Store
+from consumer.store import Stamp, Store
 from service import amqp, destinations, logs, telemetry
 from service.clock import Clock
 from service.crashpoints import CrashPoints
-from service.errors import Abandoned
-from service.ledger import Attempt, Claimed, SendFacts
+from service.lastcheck import LastCheck
+from service.ledger import Attempt, Claimed, SendFacts, State
 from service.telemetry import Metrics
 
 log = logs.get("consumer")
 
-
-@dataclass(frozen=True)
-class DestinationPolicy:
-    """What the consumer does with the destinations registry (``service.destinations``)."""
-
-    vault: destinations.Vault | None = field(default=None, repr=False)  # opens own secrets
-    failure_streak: int = 0  # failed attempts in a row that disable a destination (0: never)
-    failure_span_seconds: float = 0.0  # ... once the streak spans at least this long
-    hold_seconds: float = decisions.DISABLED_HOLD_SECONDS  # a held delivery looks again
-
-
 _UNREADABLE = "destination secret unreadable"
 
-# A row claimed this recently is not read again before its request: nothing waited.
-_RECHECK_AFTER_SECONDS = 0.05
 # A channel this replica cannot send through: let a replica that can take it meanwhile.
 _UNCONFIGURED_DEFER_SECONDS = 30.0
 
@@ -67,7 +54,7 @@ class Deliverer:
         rng: Callable[[], float] = random.random,
         crash: CrashPoints | None = None,
         monotonic: Callable[[], float] = time.monotonic,
-        targets: DestinationPolicy | None = None,
+        targets: registry.DestinationPolicy | None = None,
         held_recheck_seconds: float = 30.0,
         reconciler: reconcile.Reconciler | None = None,  # None: never ask a provider first
     ) -> None:
@@ -84,22 +71,26 @@ class Deliverer:
         self._crash = crash or CrashPoints()
         self._now = monotonic
         self._error_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
-        self._deferral_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
-        self._targets = targets or DestinationPolicy()
-        self._failing: set[str] = set()  # destinations this process saw fail lately
+        self._unsent = unsent.Unsent(store, metrics, clock, monotonic)
+        self._targets = targets or registry.DestinationPolicy()
+        self._registry = registry.Feedback(store, metrics, self._targets)
 
     async def deliver(
         self, row: Claimed, *, claimed_at: float, no_new_requests: asyncio.Event
     ) -> Disposition:
         """Attempt ``row`` (claimed at monotonic ``claimed_at``); what to do with its message."""
         has_destination = row.destination is not None and row.payload is not None
-        verdict = self._verdict(row.facts, has_destination)
+        # A rate-limited provider's pause is waited out by its budget (the tokens carry it).
+        budgeted = self._gate.rate_limited(row.provider)
+        verdict = self._verdict(row.facts, has_destination, budget_obeys_pause=budgeted)
         if not isinstance(verdict, decisions.Send):
             return await self._without_request(row, verdict)
         channel = self._channels.get(row.channel)
         if channel is None:
             self._log_unconfigured(row.channel)
-            return await self._defer(row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS)
+            return await self._unsent.defer(
+                row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS
+            )
         if self._reconciler is not None:  # an earlier attempt may have reached the provider
             settled = await self._reconciler.before_send(row, channel)
             if settled is not None:
@@ -108,33 +99,22 @@ class Deliverer:
             secrets = self._own_secrets(row)
         except ValueError:
             self._log_unreadable(row.id)
-            return await self._defer(row, _UNREADABLE, self._targets.hold_seconds)
+            return await self._unsent.defer(row, _UNREADABLE, self._targets.hold_seconds)
+        stamp = self._store.stamp(row)  # the claim is the last check until a wait
         admitted = await self._gate.admit(
-            row, claimed_at=claimed_at, no_new_requests=no_new_requests
+            row, claimed_at=claimed_at, no_new_requests=no_new_requests, before_wait=stamp.undo
         )
         if isinstance(admitted, gate.Stopped):
-            return await self._give_back(row)
+            return await self._unsent.give_back(row)
         if isinstance(admitted, gate.Defer):
-            return await self._defer(row, admitted.reason, admitted.seconds)
+            return await self._unsent.defer(row, admitted.reason, admitted.seconds)
         slot = admitted
         try:
-            if self._now() - claimed_at > _RECHECK_AFTER_SECONDS:
-                check = await self._store.check(row.id, row.attempts)
-                if check is None or not check.claim_held:
-                    return await self._claim_lost(row)
-                verdict = self._verdict(check.facts, has_destination)
-                if not isinstance(verdict, decisions.Send):
-                    slot.give_back(failed=None)
-                    return await self._without_request(row, verdict)
-            # The budget's promise counts this moment as the send: nothing waits between
-            # a valid token and the request.
-            kept = await self._gate.keep_budget(row, slot, no_new_requests)
-            if kept is not None:
-                slot.give_back(failed=None)
-                if isinstance(kept, gate.Stopped):
-                    return await self._give_back(row)
-                return await self._defer(row, kept.reason, kept.seconds)
-            outcome, started_at, latency = await self._request(channel, row, verdict.stale, secrets)
+            cleared = await self._last_check(row, slot, stamp, verdict, no_new_requests)
+            if not isinstance(cleared, decisions.Send):
+                return cleared  # not sent: skipped, deferred, given back or stopped
+            # Nothing waits between the last check and the request.
+            outcome, started_at, latency = await self._request(channel, row, cleared.stale, secrets)
             slot.give_back(failed=outcome.kind is OutcomeKind.RETRY)
         finally:
             slot.give_back(failed=None)  # a no-op when already given back
@@ -144,11 +124,76 @@ class Deliverer:
         if outcome.kind is OutcomeKind.THROTTLED and self._pause is not None:
             await self._pause_provider(row.provider, outcome.retry_after_seconds or 1.0)
             self._metrics.throttles.add(1, labels)
-        await self._registry_outcome(row, outcome)
+        await self._registry.outcome(row, outcome)
         record = decisions.attempt_record(
-            row, outcome, started_at=started_at, latency_seconds=latency, stale=verdict.stale
+            row, outcome, started_at=started_at, latency_seconds=latency, stale=cleared.stale
         )
         return await self._conclude(row, outcome, record)
+
+    async def _last_check(
+        self,
+        row: Claimed,
+        slot: gate.Slot,
+        stamp: Stamp,
+        verdict: decisions.Send,
+        no_new_requests: asyncio.Event,
+    ) -> decisions.Send | Disposition:
+        """After every wait, immediately before the request: the row checked and stamped in
+        one grouped statement, and what it says obeyed. Send: go now, nothing in between.
+        If nothing waited since the claim, the claim (which read the same facts and set the
+        stamp) is that check.
+
+        If a budget token must be waited for after the check, the stamp is taken back for
+        that wait and the row is checked again after it. Should the token run out during
+        that second check too (the database answers slower than the budget's spend
+        deadline), the send waits for its token with its stamp kept rather than loop: an
+        operator's cancel then finds it on the wire, marks it and waits for its outcome."""
+        for again in (True, False):
+            if not stamp.held:
+                checked = await self._check(row, no_new_requests)
+                if not isinstance(checked, decisions.Send):
+                    return checked
+                verdict, stamp.held = checked, True
+            ready = await self._gate.budget_for_request(
+                row, slot, no_new_requests, before_wait=stamp.undo if again else None
+            )
+            if isinstance(ready, gate.Stopped):
+                return await self._unsent.give_back(row)
+            if isinstance(ready, gate.Defer):
+                return await self._unsent.defer(row, ready.reason, ready.seconds)
+            if ready or not again:
+                return verdict
+        raise AssertionError("unreachable: the second pass always returns")
+
+    async def _check(
+        self, row: Claimed, no_new_requests: asyncio.Event
+    ) -> decisions.Send | Disposition:
+        """One last check: Send, or what became of the row without a request."""
+        has_destination = row.destination is not None and row.payload is not None
+        check = await self._store.last_check(row.id, row.attempts)
+        if check is None or not check.passed:
+            return await self._not_passed(row, check, has_destination)
+        verdict = self._verdict(check.facts, has_destination)
+        if not isinstance(verdict, decisions.Send):
+            return await self._without_request(row, verdict)
+        short = self._gate.lease_short(check.lease_left_seconds)
+        if short is not None:
+            return await self._unsent.defer(row, short.reason, short.seconds)
+        if no_new_requests.is_set():
+            return await self._unsent.give_back(row)
+        return verdict
+
+    async def _not_passed(
+        self, row: Claimed, check: LastCheck | None, has_destination: bool
+    ) -> Disposition:
+        """The last check did not stamp the row: an operator moved it or asked it to stop,
+        its lease ran out, or another claim holds it. Nothing is sent in any case."""
+        if check is not None and check.moved_under(row.attempts):
+            return self._unsent.stopped(row, check)
+        ours = check is not None and check.state is State.SENDING and check.attempts == row.attempts
+        if ours and check is not None and check.facts.stop_action is not None:
+            return await self._without_request(row, self._verdict(check.facts, has_destination))
+        return await self._unsent.claim_lost(row)
 
     async def _pause_provider(self, provider: str, seconds: float) -> None:
         """Every replica stops sending to this provider until the provider says. This
@@ -163,12 +208,15 @@ class Deliverer:
                 extra={"event": "pause_not_shared", "error": type(exc).__name__},
             )
 
-    def _verdict(self, facts: SendFacts, has_destination: bool) -> decisions.Verdict:
+    def _verdict(
+        self, facts: SendFacts, has_destination: bool, *, budget_obeys_pause: bool = False
+    ) -> decisions.Verdict:
         return decisions.verdict(
             facts,
             has_destination=has_destination,
             hold_seconds=self._targets.hold_seconds,
             held_recheck_seconds=self._held_recheck,
+            budget_obeys_pause=budget_obeys_pause,
         )
 
     def _own_secrets(self, row: Claimed) -> tuple[str, ...] | None:
@@ -181,48 +229,6 @@ class Deliverer:
         if vault is None:
             raise ValueError("no RELAY_DESTINATION_SECRETS_KEYS")
         return tuple(vault.decrypt(token) for token in row.target.secrets)
-
-    async def _registry_outcome(self, row: Claimed, outcome: Outcome) -> None:
-        """Tell the registry: a 410 disables at once; a failed attempt extends the
-        destination's streak (which may disable it); an accepted one ends the streak."""
-        url = row.destination
-        if row.channel != "webhook" or url is None:
-            return
-        if outcome.disable_destination:
-            self._disabled(await self._store.disable_gone(url), "gone", None)
-            return
-        failed = outcome.kind is OutcomeKind.RETRY or (
-            outcome.kind is OutcomeKind.REJECTED and outcome.http_status is not None
-        )
-        if failed:
-            if len(self._failing) >= 10_000:
-                self._failing.clear()
-            self._failing.add(url)
-            targets = self._targets
-            streak = await self._store.destination_failed(
-                url, targets.failure_streak, targets.failure_span_seconds
-            )
-            if streak is not None and streak.disabled_now:
-                self._disabled(streak.destination_id, "failure_streak", streak.failures)
-        elif outcome.kind is OutcomeKind.ACCEPTED and (
-            row.target.failure_streak > 0 or url in self._failing
-        ):
-            self._failing.discard(url)
-            await self._store.destination_succeeded(url)
-
-    def _disabled(self, destination_id: int | None, reason: str, failures: int | None) -> None:
-        if destination_id is None:
-            return  # already disabled (another replica, an operator)
-        self._metrics.destinations_disabled.add(1, {"reason": reason})
-        log.warning(
-            "destination disabled; its deliveries are held until `relay destinations enable`",
-            extra={
-                "event": "destination_disabled",
-                "destination_id": destination_id,
-                "reason": reason,
-                "failures": failures,
-            },
-        )
 
     async def _request(
         self, channel: Channel, row: Claimed, stale: bool, secrets: tuple[str, ...] | None
@@ -248,9 +254,11 @@ class Deliverer:
 
     async def _without_request(self, row: Claimed, verdict: decisions.Verdict) -> Disposition:
         if isinstance(verdict, decisions.Skip):
-            return await self._skip(row, verdict.reason)
+            return await self._unsent.skip(row, verdict.reason)
         if isinstance(verdict, decisions.Hold):
-            return await self._defer(row, verdict.reason, verdict.seconds)
+            return await self._unsent.defer(row, verdict.reason, verdict.seconds)
+        if isinstance(verdict, decisions.Kill):
+            return await self._unsent.kill(row, verdict.error)
         assert isinstance(verdict, decisions.Refuse)
         outcome = decisions.refused(verdict.error)
         record = decisions.attempt_record(
@@ -288,7 +296,7 @@ class Deliverer:
                     "error": logs.redact(outcome.error) if outcome.error else None,
                     "latency_ms": round((record.latency_ms or 0.0), 1),
                     "fenced_out": not written,
-                    **_fields(row),
+                    **unsent.fields(row),
                 },
             )
         if not written:
@@ -312,59 +320,6 @@ class Deliverer:
             )
         return Ack()
 
-    async def _skip(self, row: Claimed, reason: str) -> Disposition:
-        await self._store.complete(decisions.skipped(row, reason))
-        self._metrics.skipped.add(
-            1, {"reason": telemetry.label_value(reason), "channel": row.channel}
-        )
-        log.info("delivery skipped", extra={"event": "skipped", "reason": reason, **_fields(row)})
-        return Ack()
-
-    async def _defer(self, row: Claimed, reason: str, seconds: float) -> Disposition:
-        """Give the claim back without counting an attempt, and park the message."""
-        retry_at = self._clock.now() + timedelta(seconds=seconds)
-        await self._store.release(row.id, row.attempts, retry_at)
-        self._metrics.deferrals.add(1, {"reason": telemetry.label_value(reason)})
-        # One INFO line per reason a minute (a held destination defers every delivery of
-        # it, every half minute), naming how many went to DEBUG since; each one at DEBUG.
-        self._deferral_lines.log(
-            log,
-            reason,
-            "send deferred without an attempt",
-            {
-                "event": "deferred",
-                "delivery_id": row.id,
-                "reason": reason,
-                "delay_seconds": round(seconds, 3),
-            },
-        )
-        # Parked even if the release found the claim gone: an extra message is harmless.
-        return Redelay(amqp.lane_of(row.urgent), seconds)
-
-    async def _give_back(self, row: Claimed) -> Disposition:
-        """Shutdown: release the claim (no attempt) and hand the message back."""
-        try:
-            await self._store.release(row.id, row.attempts, None)
-        except Abandoned:
-            pass  # the database is gone too: the lease runs out and a later claim takes it
-        self._metrics.deferrals.add(1, {"reason": "shutdown"})
-        log.info("claim given back at shutdown", extra={"event": "given_back", **_fields(row)})
-        return GiveBack(amqp.lane_of(row.urgent))
-
-    async def _claim_lost(self, row: Claimed) -> Disposition:
-        """The lease ran out while the send waited (e.g. through a database outage).
-
-        Nothing was sent. If no one took the row meanwhile, the claim is released (no
-        attempt counted) and the message handed back; else the new holder has it."""
-        if await self._store.release(row.id, row.attempts, None):
-            log.info("lease ran out before sending; handed back", extra=_fields_event(row))
-            return GiveBack(amqp.lane_of(row.urgent))
-        log.warning(
-            "claim lost before sending; left to its new holder",
-            extra={"event": "claim_lost", **_fields(row)},
-        )
-        return Ack()
-
     def _log_unreadable(self, delivery_id: int) -> None:
         if self._error_lines.admit(_UNREADABLE) is not None:
             log.error(
@@ -379,16 +334,3 @@ class Deliverer:
                 "channel not configured on this replica; deferring its deliveries",
                 extra={"event": "channel_not_configured", "channel": channel},
             )
-
-
-def _fields(row: Claimed) -> dict[str, Any]:
-    return {
-        "delivery_id": row.id,
-        "key": row.idempotency_key,
-        "run_id": row.run_id,
-        "attempt": row.attempts,
-    }
-
-
-def _fields_event(row: Claimed) -> dict[str, Any]:
-    return {"event": "lease_expired_unsent", **_fields(row)}

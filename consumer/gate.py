@@ -7,6 +7,10 @@ for budget, so one provider's backlog cannot crowd out other destinations. The l
 checked last, because the waits may have eaten it: a request must finish while the claim
 still fences the row. Every wait ends at once when shutdown says no request may start
 any more (``no_new_requests``): the claim is then given back, not sent.
+
+After ``admit`` the consumer runs its last check (``service.lastcheck``);
+``budget_for_request`` then says whether the request may go out at once or had to wait for
+a new token first (and must be checked again after that wait).
 """
 
 from __future__ import annotations
@@ -83,12 +87,18 @@ class Gate:
         self._now = monotonic
 
     async def admit(
-        self, row: Claimed, *, claimed_at: float, no_new_requests: asyncio.Event
+        self,
+        row: Claimed,
+        *,
+        claimed_at: float,
+        no_new_requests: asyncio.Event,
+        before_wait: Callable[[], Awaitable[None]] | None = None,
     ) -> Slot | Defer | Stopped:
         """Wait until ``row`` may be sent; the slot to hold during its request, or why not.
 
         ``claimed_at`` is the monotonic time taken before the claim (its lease ends no
-        earlier than ``claimed_at + lease_seconds``).
+        earlier than ``claimed_at + lease_seconds``). ``before_wait`` runs before the first
+        wait (for budget or a slot), if any.
         """
         assert row.destination is not None
         key = isolation.destination_key(row.channel, row.provider, row.destination)
@@ -96,7 +106,12 @@ class Gate:
         if not refused.admitted:
             return Defer(refused.reason, refused.retry_after_seconds)
         budget_deadline = None
-        if self._budgets is not None:
+        # A token at hand is taken after the last check (``budget_for_request``), so the
+        # check's round trip does not age it; only a send that must wait takes one here.
+        # A provider without a rate budget takes none: its pause is read by the checks.
+        if self.rate_limited(row.provider) and not self._budgets_at_hand(row.provider):
+            if before_wait is not None:
+                await before_wait()
             got = await self._budget(row, no_new_requests)
             if not isinstance(got, float):
                 return got
@@ -104,6 +119,8 @@ class Gate:
         # Usually a slot is free: take it without a task or a wait.
         admission: isolation.Admission | Stopped = self._guard.try_take_slot(key)
         if isinstance(admission, isolation.Admission) and not admission.admitted:
+            if before_wait is not None:
+                await before_wait()
             admission = await _unless(no_new_requests, self._guard.take_slot(key))
         if isinstance(admission, Stopped):
             return admission
@@ -141,18 +158,52 @@ class Gate:
             return Defer("rate budget exhausted or paused", self._budget_defer)
         return got
 
-    async def keep_budget(
-        self, row: Claimed, slot: Slot, no_new_requests: asyncio.Event
-    ) -> Defer | Stopped | None:
-        """Right before the request: if the slot wait or the last look outlasted the
-        token's spend deadline, take a new token (the old one is void). None: send now."""
-        if slot.budget_deadline is None or self._now() <= slot.budget_deadline:
-            return None
+    def rate_limited(self, provider: str) -> bool:
+        """Does ``provider`` have a rate budget (whose tokens also carry its pause)?"""
+        return self._budgets is not None and self._budgets.rate_limited(provider)
+
+    def _budgets_at_hand(self, provider: str) -> bool:
+        return self._budgets is not None and self._budgets.at_hand(provider)
+
+    def lease_short(self, lease_left_seconds: float) -> Defer | None:
+        """The lease left (by the last check, on the database's clock) cannot cover a
+        request: defer it rather than let it outlive the claim. None: enough left."""
+        if lease_left_seconds <= self._send_timeout:
+            return Defer("lease too short after waiting", self._budget_defer)
+        return None
+
+    async def budget_for_request(
+        self,
+        row: Claimed,
+        slot: Slot,
+        no_new_requests: asyncio.Event,
+        *,
+        before_wait: Callable[[], Awaitable[None]] | None,
+    ) -> Defer | Stopped | bool:
+        """After a passed last check, right before the request: a valid budget token.
+
+        True: send now. A token taken while waiting is still valid; or one is at hand,
+        taken now without suspending (no other task runs in between, so nothing sits
+        between the last check and the request); or the provider has no rate budget (no
+        token: its throttle pause is read by the claim and the last check from the shared
+        row, and this replica's own is read here). False: a token had to be waited for
+        (``before_wait``, if any, ran first): the row must be checked again.
+        """
+        if slot.budget_deadline is not None and self._now() <= slot.budget_deadline:
+            return True
+        if self._budgets is None:
+            return True
+        if not self._budgets.rate_limited(row.provider):
+            paused = self._budgets.paused_seconds(row.provider)
+            return Defer("rate budget exhausted or paused", paused) if paused > 0 else True
+        at_hand = self._budgets.at_hand(row.provider)
+        if not at_hand and before_wait is not None:
+            await before_wait()
         got = await self._budget(row, no_new_requests)
         if not isinstance(got, float):
             return got
         slot.budget_deadline = got
-        return None
+        return at_hand
 
 
 async def _unless(stop: asyncio.Event, waiting: Awaitable[T]) -> T | Stopped:

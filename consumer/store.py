@@ -1,6 +1,6 @@
 """The consumer's statements on the ledger: grouped where hot, each one outage-proof.
 
-Claims, pre-send checks and outcome writes happen hundreds of times a second, so each is
+Claims, last checks and outcome writes happen thousands of times a second, so each is
 submitted to a ``Batcher`` and concurrent ones share one statement. Every statement runs
 through the ``DatabaseWatch``: an unreachable database makes it wait, not fail. The
 functions themselves are ``service.ledger``'s; this module only decides how they run.
@@ -16,11 +16,29 @@ from typing import Any
 import asyncpg
 
 from consumer.outage import DatabaseWatch
-from service import destinations, ledger, receipts, reconciliations
+from service import destinations, lastcheck, ledger, receipts, reconciliations
 from service.batching import Batcher
-from service.ledger import Claimed, Completion, SendCheck, State, Unclaimable
+from service.lastcheck import LastCheck
+from service.ledger import Claimed, Completion, State, Unclaimable
 
 ClaimResult = Claimed | Unclaimable | None
+
+
+class Stamp:
+    """A claim's ``last_check_at``: set by the claim (which read every send fact: the
+    row's last check until its send waits) and by each last check; taken back before a
+    wait, so that an operator's cancel meanwhile moves the row instead of finding it on
+    the wire."""
+
+    def __init__(self, store: Store, delivery_id: int, attempt: int) -> None:
+        self._store = store
+        self._claim = (delivery_id, attempt)
+        self.held = True  # the claim stamped it
+
+    async def undo(self) -> None:
+        if self.held:
+            self.held = False
+            await self._store.undo_check(*self._claim)
 
 
 class Store:
@@ -43,8 +61,11 @@ class Store:
         self._claims: Batcher[int, ClaimResult] = Batcher(
             self._claim_batch, max_size=batch_max, max_concurrent=concurrency
         )
-        self._checks: Batcher[tuple[int, int], SendCheck | None] = Batcher(
+        self._checks: Batcher[tuple[int, int], LastCheck | None] = Batcher(
             self._check_batch, max_size=batch_max, max_concurrent=concurrency
+        )
+        self._undos: Batcher[tuple[int, int], None] = Batcher(
+            self._undo_batch, max_size=batch_max, max_concurrent=concurrency
         )
         self._completions: Batcher[Completion, bool] = Batcher(
             self._complete_batch, max_size=batch_max, max_concurrent=concurrency
@@ -63,7 +84,7 @@ class Store:
         await asyncio.gather(*(b.close(timeout_seconds) for b in self._batchers()))
 
     def _batchers(self) -> list[Batcher[Any, Any]]:
-        return [self._claims, self._checks, self._completions]
+        return [self._claims, self._checks, self._undos, self._completions]
 
     # ---------------------------------------------------------------- one item each
 
@@ -71,9 +92,18 @@ class Store:
         """Claim one row: the row held for sending, why it cannot be, or None (no row)."""
         return await self._claims.submit(delivery_id)
 
-    async def check(self, delivery_id: int, attempt: int) -> SendCheck | None:
-        """The row read again right before its request (None: the row is gone)."""
+    async def last_check(self, delivery_id: int, attempt: int) -> LastCheck | None:
+        """The row checked (and, if still held, stamped) right before its request, after
+        every wait (None: the row is gone)."""
         return await self._checks.submit((delivery_id, attempt))
+
+    def stamp(self, row: Claimed) -> Stamp:
+        """The stamp the claim of ``row`` set."""
+        return Stamp(self, row.id, row.attempts)
+
+    async def undo_check(self, delivery_id: int, attempt: int) -> None:
+        """The request must wait again after its check passed: not on the wire meanwhile."""
+        await self._undos.submit((delivery_id, attempt))
 
     async def complete(self, completion: Completion) -> bool:
         """Write one outcome; False if the claim was fenced out by another one."""
@@ -147,9 +177,13 @@ class Store:
                 results.append(others.get(i))
         return results
 
-    async def _check_batch(self, claims: Sequence[tuple[int, int]]) -> list[SendCheck | None]:
-        found = await self._watch.run(lambda: ledger.send_checks(self._pool, claims))
+    async def _check_batch(self, claims: Sequence[tuple[int, int]]) -> list[LastCheck | None]:
+        found = await self._watch.run(lambda: lastcheck.last_checks(self._pool, claims))
         return [found.get(c) for c in claims]
+
+    async def _undo_batch(self, claims: Sequence[tuple[int, int]]) -> list[None]:
+        await self._watch.run(lambda: lastcheck.undo(self._pool, claims))
+        return [None] * len(claims)
 
     async def _complete_batch(self, completions: Sequence[Completion]) -> list[bool]:
         accepted = [c.id for c in completions if c.state is State.ACCEPTED]

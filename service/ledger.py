@@ -47,6 +47,11 @@ FINAL_STATES = frozenset(
 OPEN_STATES = frozenset({State.PENDING, State.QUEUED, State.SENDING, State.RETRYING})
 
 
+def operator_dead_error(reason: str | None) -> str:
+    """``last_error`` of a row an operator dead-lettered (``relay runs dead-letter``)."""
+    return f"dead-lettered by an operator: {reason or 'no reason'}"[:500]
+
+
 def outbox_key(key: str) -> str:
     """The idempotency key of an outbox intent, namespaced apart from schedule keys."""
     return f"outbox:{key}"
@@ -63,6 +68,10 @@ class SendFacts:
     destination_disabled: bool
     provider_paused_seconds: float = 0.0
     run_held: bool = False  # its publish run is held by an operator (`relay runs hold`)
+    # An operator cancelled ('cancel') or dead-lettered ('dead-letter') its run while its
+    # request was on the wire: it is never sent again (``stop_reason``: the action's why).
+    stop_action: str | None = None
+    stop_reason: str | None = None
     suppressed: bool = False  # its address is on the suppression list of its channel
 
 
@@ -100,14 +109,6 @@ class Claimed:
     @property
     def attempt_in_round(self) -> int:
         return self.attempts - self.round_start
-
-
-@dataclass(frozen=True)
-class SendCheck:
-    """A claimed row read again right before its request."""
-
-    claim_held: bool  # still 'sending' under this very claim, lease not expired
-    facts: SendFacts
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,8 @@ def _clip(text: str | None, limit: int) -> str | None:
     return None if text is None else text[:limit]
 
 
-def _facts(r: asyncpg.Record) -> SendFacts:
+def send_facts(r: asyncpg.Record) -> SendFacts:
+    """The send facts of a row read by the claim or the last check."""
     return SendFacts(
         active=r["active"],
         age_seconds=r["age_seconds"],
@@ -194,6 +196,8 @@ def _facts(r: asyncpg.Record) -> SendFacts:
         destination_disabled=r["destination_disabled"],
         provider_paused_seconds=r.get("provider_paused_seconds") or 0.0,
         run_held=bool(r.get("run_held")),
+        stop_action=r.get("stop_action"),
+        stop_reason=r.get("stop_reason"),
         suppressed=bool(r.get("suppressed")),
     )
 
@@ -206,7 +210,7 @@ _CLAIMED_COLUMNS = tuple(
 
 def _claimed(r: asyncpg.Record) -> Claimed:
     target = Target(tuple(r["secrets"]), r["envelope"], r["event_type"], r["failure_streak"])
-    return Claimed(**{n: r[n] for n in _CLAIMED_COLUMNS}, facts=_facts(r), target=target)
+    return Claimed(**{n: r[n] for n in _CLAIMED_COLUMNS}, facts=send_facts(r), target=target)
 
 
 async def claim(
@@ -236,25 +240,6 @@ async def claim(
                 early_seconds=r["early_seconds"],
             )
     return claimed, others
-
-
-async def send_checks(
-    executor: Executor, claims: Sequence[tuple[int, int]]
-) -> dict[tuple[int, int], SendCheck]:
-    """Read claimed rows again right before their requests: (id, attempt) -> check.
-
-    A row missing from the answer no longer exists; a claim that is not this attempt's any
-    more reads ``claim_held=False``.
-    """
-    rows = await executor.fetch(q("send_check"), [i for i, _ in claims])
-    by_id = {r["id"]: r for r in rows}
-    checks: dict[tuple[int, int], SendCheck] = {}
-    for delivery_id, attempt in claims:
-        r = by_id.get(delivery_id)
-        if r is not None:
-            held = r["claim_held"] and r["attempts"] == attempt
-            checks[(delivery_id, attempt)] = SendCheck(held, _facts(r))
-    return checks
 
 
 async def mark_dead_lettered(executor: Executor, delivery_id: int, attempt: int) -> None:

@@ -6,7 +6,8 @@ propagator the OpenTelemetry API keeps. Names and units follow OpenTelemetry
 conventions and are listed in ``docs/metrics.md``; attributes are low-cardinality
 (channel, provider, outcome, reason, state, queue) and never recipient data.
 
-Export: the consumer serves ``/metrics`` for Prometheus (``PrometheusMetricReader``);
+Export: the consumer and the console serve ``/metrics`` for Prometheus
+(``PrometheusMetricReader``);
 any process pushes metrics and traces by OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT``
 is set (the short-lived publisher flushes before it exits).
 """
@@ -64,6 +65,8 @@ class Metrics:
     run_due: Counter
     run_created: Counter
     run_published: Counter
+    # The operator console: recorded by `relay console`.
+    console_login_failures: Counter
     # What the gauges report, refreshed by the consumer's sampler.
     snapshot: Snapshot
 
@@ -75,6 +78,11 @@ class Metrics:
         return cls(
             **_delivery_instruments(meter),
             **_run_instruments(meter),
+            console_login_failures=meter.create_counter(
+                "relay.console.login.failures",
+                "{attempt}",
+                "Console logins refused: a wrong name or token, or a blocked address",
+            ),
             snapshot=snapshot,
         )
 

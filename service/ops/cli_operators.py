@@ -95,6 +95,13 @@ def _run_action(
     parser.add_argument("run", type=int, help="the publish run's id")
     parser.add_argument("--reason", default=None, help="why (recorded)")
     parser.add_argument("--apply", action="store_true", help="do it (default: dry run)")
+    if name in ("cancel", "dead-letter"):
+        parser.add_argument(
+            "--no-wait",
+            action="store_true",
+            help="return at once instead of waiting (up to RELAY_HTTP_TIMEOUT_SECONDS + 5 s) "
+            "for the outcome of the requests already on the wire (none is sent again)",
+        )
     add_operator(parser)
     add_json(parser)
 
@@ -115,8 +122,10 @@ def _add_runs(sub: argparse._SubParsersAction, command: Command) -> None:  # typ
     add_json(lst)
     _run_action(rsub, command, "hold", "stop sending a run's rows (parked, no attempt)")
     _run_action(rsub, command, "release", "send a held run's rows again")
-    _run_action(rsub, command, "cancel", "skip a run's rows not final (reason cancelled)")
-    _run_action(rsub, command, "dead-letter", "make a run's rows not final dead (replayable)")
+    _run_action(
+        rsub, command, "cancel", "skip a run's rows not final, claimed ones too (cancelled)"
+    )
+    _run_action(rsub, command, "dead-letter", "make a run's rows not final dead, claimed ones too")
 
 
 def _add_backfill(sub: argparse._SubParsersAction, command: Command) -> None:  # type: ignore[type-arg]

@@ -3,6 +3,9 @@
 Every action is a dry run unless ``--apply``, takes ``--reason``, is idempotent (a
 second time changes nothing and records nothing) and, applied, is recorded with who,
 when, why and how many rows in ``run_actions``, which ``relay status --run RUN`` shows.
+A cancel or dead-letter also stops the run's claimed rows before their request, and waits
+(bounded; ``--no-wait`` not) for those already on the wire: when it returns, nothing of
+the run is being sent or will be sent, or it says which requests still have no outcome.
 """
 
 from __future__ import annotations
@@ -83,35 +86,77 @@ async def _act(args: argparse.Namespace, settings: Settings, action: str) -> int
         result = await control.act_on_run(
             conn, args.run, action, operator=args.operator, reason=args.reason, apply=args.apply
         )
+        if result is not None and result.wire and not getattr(args, "no_wait", False):
+            wait = control.wire_wait_seconds(settings.http_timeout_seconds)
+            result = await control.settle(conn, result, reason=args.reason, wait_seconds=wait)
     if result is None:
         print(f"relay: no run {args.run}", file=sys.stderr)
         return errors.ExitCode.INCOMPLETE
-    if args.json:
-        print(to_json(result.as_dict()))
-        return errors.ExitCode.OK
-    print(render_action(result))
-    return errors.ExitCode.OK
+    print(to_json(result.as_dict()) if args.json else render_action(result))
+    # Waited, and some request on the wire still has no outcome: not all is known yet.
+    unsettled = result.wire_outcomes is not None and result.in_flight > 0
+    return errors.ExitCode.INCOMPLETE if unsettled else errors.ExitCode.OK
 
 
 def render_action(result: control.ActionResult) -> str:
     run = f"run {result.run_id}"
-    flight = (
-        f"; {result.in_flight} in flight now (left alone; run it again after they settle)"
-        if result.in_flight and result.action in ("cancel", "dead-letter")
-        else ""
-    )
+    if result.action in control.STOPS:
+        return render_stop(result)
     if not result.changed:
-        already = {"hold": "already held", "release": "not held"}.get(
-            result.action, "has no rows to move"
-        )
-        return f"{run} {already}: nothing to do{flight}"
+        already = "already held" if result.action == "hold" else "not held"
+        return f"{run} {already}: nothing to do"
     done, effect = _EFFECT[result.action]
     if not result.applied:
         return (
             f"{run} would be {done}: {result.rows} rows {effect}"
-            f"{flight}\n  dry run: nothing changed; add --apply to do it"
+            "\n  dry run: nothing changed; add --apply to do it"
         )
-    return f"{run} {done}: {result.rows} rows {effect}{flight}"
+    return f"{run} {done}: {result.rows} rows {effect}"
+
+
+def render_stop(result: control.ActionResult) -> str:
+    """A cancel or dead-letter: what it moved, what it stopped before the request, what it
+    found on the wire and what became of that."""
+    run = f"run {result.run_id}"
+    if not result.changed:
+        return f"{run} has no rows to move: nothing to do (nothing of it is being sent)"
+    done, effect = _EFFECT[result.action]
+    claimed = result.claimed_stopped
+    if not result.applied:
+        waited = " (--apply waits for their outcome)" if result.on_the_wire else ""
+        return (
+            f"{run} would be {done}: {result.rows} rows {effect}, {claimed} of them claimed "
+            f"by a consumer (stopped before their request); {result.on_the_wire} on the "
+            f"wire now{waited}\n  dry run: nothing changed; add --apply to do it"
+        )
+    lines = [
+        f"{run} {done}: {result.rows} rows {effect}, {claimed} of them claimed by a consumer "
+        f"and stopped before their request (never sent); {result.on_the_wire} on the wire "
+        "at the commit"
+    ]
+    wire = result.on_the_wire
+    if wire and result.wire_outcomes is None:
+        lines.append(
+            f"  not waited for (--no-wait): the {wire} on the wire may still be answered; "
+            f"none is sent again (relay deliveries list --run {result.run_id} shows them)"
+        )
+        return "\n".join(lines)
+    if wire and result.wire_outcomes is not None:
+        became = ", ".join(
+            f"{n} {state}" for state, n in result.wire_outcomes.items() if state != "sending"
+        )
+        seconds = result.waited_seconds or 0.0
+        lines.append(
+            f"  the {wire} on the wire, after {seconds:.1f} s: {became or 'no outcome yet'}"
+        )
+    if result.in_flight:
+        lines.append(
+            f"  {result.in_flight} still without an outcome: their request may still be "
+            "answered; none is sent again"
+        )
+    else:
+        lines.append(f"  nothing of {run} is being sent or will be sent")
+    return "\n".join(lines)
 
 
 async def hold(args: argparse.Namespace, settings: Settings) -> int:

@@ -145,7 +145,7 @@ def _run_lines(
         if a.run_id == r.run_id:
             lines.append(
                 f"{'':>5} {a.at:%Y-%m-%d %H:%M:%S} {a.action} by {a.operator}: "
-                f"{a.rows} rows" + (f" ({a.reason})" if a.reason else "")
+                f"{a.rows} rows" + (f" ({a.reason})" if a.reason else "") + _reached(a)
             )
     if r.lateness_max_seconds is not None:
         lines.append(
@@ -153,6 +153,18 @@ def _run_lines(
             f"p95 {r.lateness_p95_seconds:.2f} s, max {r.lateness_max_seconds:.2f} s"
         )
     return lines
+
+
+def _reached(a: control.RunAction) -> str:
+    """What a cancel or dead-letter met besides the rows it moved."""
+    if not a.claimed_stopped and not a.on_the_wire:
+        return ""
+    text = f"; {a.claimed_stopped} claimed, stopped before their request"
+    if a.on_the_wire:
+        text += f"; {a.on_the_wire} on the wire"
+        if a.wire_outcomes:
+            text += ": " + ", ".join(f"{n} {s}" for s, n in sorted(a.wire_outcomes.items()))
+    return text
 
 
 def _channel_lines(r: runs.RunReport, receipt_wait_seconds: float) -> list[str]:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from service import errors, logs, suppressions
-from service.ops import deliveries
+from service.ops import deliveries, redaction
 from service.settings import Settings
 from service.suppressions import Suppression
 
@@ -43,7 +43,7 @@ def render(rows: list[Suppression]) -> str:
             detail = f"REMOVED {_t(r.removed_at)} by {r.removed_by}: {r.removed_reason}"
         lines.append(
             f"{r.id:>6} {r.channel:<7} {r.address:<36} {r.reason:<13} {_t(r.created_at):<19} "
-            f"{r.delivery_id or '-':>8}  {deliveries.clean(detail, 80)}"
+            f"{r.delivery_id or '-':>8}  {redaction.text(detail, 80)}"
         )
     return "\n".join(lines)
 

@@ -254,7 +254,9 @@ WHERE d.id = locked.id AND d.state = 'pending';
 -- Claim rows for sending: attempts + 1 and a lease. A 'sending' row whose lease expired
 -- was held by a consumer that died; its unknown attempt is recorded as 'lost'. A row is
 -- never claimed before its occurrence is due. Returns what the send needs and the facts
--- the pre-send checks read (with the database's clock).
+-- the pre-send checks read (with the database's clock), among them an operator's request
+-- to stop the row (stop_action: its request was on the wire when the run was cancelled).
+-- The claim stamps last_check_at: if the send waits for nothing, it is the last check.
 WITH target AS (
     SELECT id, state AS prior_state
     FROM deliveries
@@ -271,12 +273,13 @@ WITH target AS (
         lease_expires_at = now() + make_interval(secs => $2),
         next_attempt_at = NULL,
         first_attempt_at = coalesce(d.first_attempt_at, now()),
-        published_at = coalesce(d.published_at, now())
+        published_at = coalesce(d.published_at, now()),
+        last_check_at = now()  -- the claim reads every send fact: the last check until a wait
     FROM target AS t
     WHERE d.id = t.id
     RETURNING d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
               d.destination, d.payload, d.occurrence_at, d.urgent, d.attempts, d.round_start,
-              d.run_id, t.prior_state, d.event_type
+              d.run_id, t.prior_state, d.event_type, d.stop_action_id
 ), lost AS (
     INSERT INTO delivery_attempts (delivery_id, attempt, outcome, error)
     SELECT id, attempts - 1, 'lost', 'lease expired before an outcome was written'
@@ -304,12 +307,17 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
                 '{}') AS secrets,
        EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = c.run_id AND p.held_at IS NOT NULL)
            AS run_held,
+       ra.action AS stop_action, ra.reason AS stop_reason,
+       greatest(0, extract(epoch FROM b.paused_until - clock_timestamp()))::float8
+           AS provider_paused_seconds,
        EXISTS (SELECT 1 FROM suppressions AS s
                WHERE s.channel = c.channel AND s.removed_at IS NULL
                  AND s.address = suppression_address(c.channel, coalesce(c.destination, r.destination)))
            AS suppressed
 FROM claimed AS c
 LEFT JOIN reminders AS r ON r.id = c.reminder_id
+LEFT JOIN run_actions AS ra ON ra.id = c.stop_action_id
+LEFT JOIN rate_budgets AS b ON b.provider = c.provider
 LEFT JOIN destinations AS dst
        ON dst.url = coalesce(c.destination, r.destination) AND c.channel = 'webhook';
 
@@ -324,32 +332,71 @@ SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now
 FROM deliveries
 WHERE id = ANY($1::bigint[]);
 
--- name: send_check
--- The send decision, read again right before the request (after every wait): is the
--- claim still held, and what do the reminder, the destination and the provider say now.
-SELECT d.id, d.attempts,
-       (d.state = 'sending' AND d.lease_expires_at > now()) AS claim_held,
+-- name: last_check
+-- The last check before each request, after every wait (claims $1, each with the attempt
+-- $2 it owns; a send that waited for nothing has its claim as last check). A row still
+-- 'sending' under this very claim, its lease not run out and no operator's stop asked for, is stamped last_check_at: from now on its request may be on
+-- the wire. The rows are locked in id order, as run_stop locks them, so the stamp and an
+-- operator's cancel serialize on each row: either this check finds the row moved (and
+-- nothing is sent) or the operator finds it stamped (on the wire). Returns every row as
+-- the lock saw it, with what the send decision reads now.
+WITH want AS (
+    SELECT * FROM unnest($1::bigint[], $2::int[]) AS w(id, attempt)
+), locked AS (
+    SELECT id, state, attempts, lease_expires_at, stop_action_id, dead_lettered_at,
+           last_error, source, reminder_id, channel, destination, occurrence_at, provider,
+           run_id
+    FROM deliveries
+    WHERE id = ANY($1::bigint[])
+    ORDER BY id
+    FOR UPDATE
+), stamped AS (
+    UPDATE deliveries AS d SET last_check_at = clock_timestamp()
+    FROM locked AS l JOIN want AS w ON w.id = l.id
+    WHERE d.id = l.id AND l.state = 'sending' AND l.attempts = w.attempt
+      AND l.lease_expires_at > now() AND l.stop_action_id IS NULL
+    RETURNING d.id
+)
+SELECT l.id, l.state::text AS state, l.attempts, l.last_error,
+       l.id IN (SELECT id FROM stamped) AS passed,
+       coalesce(extract(epoch FROM l.lease_expires_at - clock_timestamp()), 0)::float8
+           AS lease_left_seconds,
+       (l.state = 'dead' AND l.dead_lettered_at IS NULL) AS dead_letter_missing,
        -- not cancelled: a reminder paused by its destination's disable is held, not skipped
-       (d.source = 'outbox' OR coalesce(r.active OR r.inactive_reason <> 'cancelled', false))
+       (l.source = 'outbox' OR coalesce(r.active OR r.inactive_reason <> 'cancelled', false))
            AS active,
-       extract(epoch FROM now() - d.occurrence_at)::float8 AS age_seconds,
+       extract(epoch FROM now() - l.occurrence_at)::float8 AS age_seconds,
        extract(epoch FROM r.stale_after)::float8 AS stale_after_seconds,
        coalesce(r.send_stale, false) AS send_stale,
        EXISTS (SELECT 1 FROM destinations AS dd
-               WHERE dd.url = coalesce(d.destination, r.destination) AND dd.state = 'disabled')
+               WHERE dd.url = coalesce(l.destination, r.destination) AND dd.state = 'disabled')
            AS destination_disabled,
        greatest(0, extract(epoch FROM b.paused_until - clock_timestamp()))::float8
            AS provider_paused_seconds,
-       EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = d.run_id AND p.held_at IS NOT NULL)
+       EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = l.run_id AND p.held_at IS NOT NULL)
            AS run_held,
+       ra.action AS stop_action, ra.reason AS stop_reason,
        EXISTS (SELECT 1 FROM suppressions AS s
-               WHERE s.channel = d.channel AND s.removed_at IS NULL
-                 AND s.address = suppression_address(d.channel, coalesce(d.destination, r.destination)))
+               WHERE s.channel = l.channel AND s.removed_at IS NULL
+                 AND s.address = suppression_address(l.channel, coalesce(l.destination, r.destination)))
            AS suppressed
-FROM deliveries AS d
-LEFT JOIN reminders AS r ON r.id = d.reminder_id
-LEFT JOIN rate_budgets AS b ON b.provider = d.provider
-WHERE d.id = ANY($1::bigint[]);
+FROM locked AS l
+LEFT JOIN reminders AS r ON r.id = l.reminder_id
+LEFT JOIN rate_budgets AS b ON b.provider = l.provider
+LEFT JOIN run_actions AS ra ON ra.id = l.stop_action_id;
+
+-- name: last_check_undo
+-- Checks passed, but their requests must wait again (their budget tokens ran out meanwhile):
+-- not on the wire while they wait. The next last check stamps them again, or stops them.
+-- Locked in id order, as last_check and run_stop lock them.
+WITH want AS (
+    SELECT * FROM unnest($1::bigint[], $2::int[]) AS w(id, attempt)
+), locked AS (
+    SELECT id FROM deliveries WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+)
+UPDATE deliveries AS d SET last_check_at = NULL
+FROM locked AS l JOIN want AS w ON w.id = l.id
+WHERE d.id = l.id AND d.state = 'sending' AND d.attempts = w.attempt;
 
 -- name: mark_dead_lettered
 -- The dead letter of this death (the attempt that ended it) is confirmed by the broker.
@@ -382,6 +429,10 @@ WITH o AS (
         state = o.state,
         next_attempt_at = o.next_attempt_at,
         lease_expires_at = NULL,
+        last_check_at = NULL,
+        -- an operator's stop outlives a retry (never sent again), not the row's end
+        stop_action_id = CASE WHEN o.state IN ('delivered', 'dead', 'skipped') THEN NULL
+                              ELSE d.stop_action_id END,
         last_status = o.status,
         last_error = o.error,
         receipt = coalesce(o.receipt, d.receipt),
@@ -420,7 +471,7 @@ SELECT id, attempt FROM already;
 -- waits for it as 'retrying'; without one it is 'queued' again, due now.
 UPDATE deliveries SET
     state = (CASE WHEN $3::timestamptz IS NULL THEN 'queued' ELSE 'retrying' END)::delivery_state,
-    attempts = attempts - 1, lease_expires_at = NULL, next_attempt_at = $3,
+    attempts = attempts - 1, lease_expires_at = NULL, next_attempt_at = $3, last_check_at = NULL,
     published_at = CASE WHEN $3::timestamptz IS NULL THEN now() ELSE published_at END
 WHERE id = $1 AND state = 'sending' AND attempts = $2
 RETURNING id;
@@ -853,29 +904,32 @@ WHERE url = $1 AND failure_streak > 0;
 
 -- name: console_run_missing
 -- Who did not get it: one page of a run's deliveries not delivered, filtered by state,
--- channel and destination reference (NULL = any), after id $5.
+-- channel and destination reference (NULL = any), after id $5. The reference is the
+-- HMAC-SHA256 of the destination keyed by the deployment's key, its ipad and opad rounds
+-- in $7 and $8 (service/ops/console/refs.py).
 SELECT d.id, d.reminder_id, d.channel, d.state::text AS state, d.last_status, d.last_error,
        d.next_attempt_at, d.skip_reason, d.attempts, d.occurrence_at,
        coalesce(d.destination, r.destination) AS destination,
-       left(encode(sha256(convert_to(coalesce(d.destination, r.destination, ''), 'UTF8')),
-                   'hex'), 16) AS destination_ref
+       left(encode(sha256($8::bytea || sha256($7::bytea || convert_to(
+           coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 WHERE d.run_id = $1 AND d.state <> 'delivered'
   AND ($2::text IS NULL OR d.state::text = $2)
   AND ($3::text IS NULL OR d.channel = $3)
-  AND ($4::text IS NULL OR left(encode(sha256(convert_to(
-          coalesce(d.destination, r.destination, ''), 'UTF8')), 'hex'), 16) = $4)
+  AND ($4::text IS NULL OR left(encode(sha256($8::bytea || sha256($7::bytea || convert_to(
+          coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) = $4)
   AND d.id > $5
 ORDER BY d.id
 LIMIT $6;
 
 -- name: console_delivery
--- One delivery as the console shows it: everything but the payload.
+-- One delivery as the console shows it: everything but the payload (the reference keyed
+-- as in console_run_missing, the key's rounds in $2 and $3).
 SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        coalesce(d.destination, r.destination) AS destination,
-       left(encode(sha256(convert_to(coalesce(d.destination, r.destination, ''), 'UTF8')),
-                   'hex'), 16) AS destination_ref,
+       left(encode(sha256($3::bytea || sha256($2::bytea || convert_to(
+           coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.last_status, d.last_error, d.skip_reason, d.run_id, d.created_at,
        d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at
@@ -914,10 +968,11 @@ LIMIT $1;
 
 -- name: console_destinations
 -- Every destination a reminder names or that is disabled: its reminders (active, paused by
--- a disable or a 410, cancelled), whether it is disabled (why, since when), its reference.
+-- a disable or a 410, cancelled), whether it is disabled (why, since when), its reference
+-- (keyed as in console_run_missing, the key's rounds in $3 and $4).
 SELECT coalesce(r.destination, dd.destination) AS destination,
-       left(encode(sha256(convert_to(coalesce(r.destination, dd.destination), 'UTF8')), 'hex'),
-            16) AS destination_ref,
+       left(encode(sha256($4::bytea || sha256($3::bytea || convert_to(
+           coalesce(r.destination, dd.destination), 'UTF8'))), 'hex'), 16) AS destination_ref,
        r.channel, coalesce(r.reminders, 0) AS reminders, coalesce(r.active, 0) AS active,
        coalesce(r.paused, 0) AS paused, coalesce(r.cancelled, 0) AS cancelled,
        dd.reason, dd.disabled_at
@@ -928,10 +983,46 @@ FROM (SELECT destination, min(channel) AS channel, count(*) AS reminders,
              count(*) FILTER (WHERE inactive_reason = 'cancelled') AS cancelled
       FROM reminders GROUP BY destination) AS r
 FULL JOIN disabled_destinations AS dd ON dd.destination = r.destination
-WHERE ($1::text IS NULL OR left(encode(sha256(convert_to(
-          coalesce(r.destination, dd.destination), 'UTF8')), 'hex'), 16) = $1)
+WHERE ($1::text IS NULL OR left(encode(sha256($4::bytea || sha256($3::bytea || convert_to(
+          coalesce(r.destination, dd.destination), 'UTF8'))), 'hex'), 16) = $1)
 ORDER BY dd.disabled_at IS NULL, 1
 LIMIT $2;
+
+-- name: console_session_open
+-- A new console session: the hash of its cookie's id, who, with which operators-file line,
+-- its CSRF token, opened at $5, ending at $6 at the latest.
+INSERT INTO console_sessions (id_hash, operator, credential, csrf, created_at, last_seen_at,
+                              expires_at)
+VALUES ($1, $2, $3, $4, $5, $5, $6);
+
+-- name: console_session_touch
+-- The session of a cookie, if it is live at $2 (not revoked, not past its absolute end, used
+-- within the idle limit $3), its use recorded. No row: no session.
+UPDATE console_sessions
+SET last_seen_at = greatest(last_seen_at, $2)
+WHERE id_hash = $1 AND revoked_at IS NULL AND expires_at > $2 AND last_seen_at > $2 - $3::interval
+RETURNING id, operator, credential, csrf;
+
+-- name: console_session_revoke
+-- End a session now ($3: logout or operator_gone); NULL when it was not live.
+UPDATE console_sessions
+SET revoked_at = $2, revoked_why = $3
+WHERE id_hash = $1 AND revoked_at IS NULL
+RETURNING id;
+
+-- name: console_sessions_prune
+-- Sessions that ended before $1 (kept a while for the record) go.
+DELETE FROM console_sessions WHERE expires_at < $1;
+
+-- name: console_reveal_record
+INSERT INTO console_reveals (operator, page, at) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: console_secret_make
+-- The deployment's secret named $1, made once: the first console to start wins.
+INSERT INTO console_secrets (name, secret) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
+
+-- name: console_secret
+SELECT secret FROM console_secrets WHERE name = $1;
 
 ---------------------------------------------------------------------------- operators
 
@@ -1009,40 +1100,59 @@ UPDATE publish_runs SET held_at = now() WHERE id = $1 AND held_at IS NULL RETURN
 UPDATE publish_runs SET held_at = NULL WHERE id = $1 AND held_at IS NOT NULL RETURNING id;
 
 -- name: run_open_counts
--- A run's rows that an operator's action would move (not final) and those in flight now
--- (claimed by a consumer, left alone: their request may be on its way).
+-- A run's rows an operator's action would reach: not claimed (movable); claimed, not past
+-- their last check (claimed: a cancel stops them before their request); past it
+-- (on_the_wire: their request may be on its way).
 SELECT count(*) FILTER (WHERE state IN ('pending', 'queued', 'retrying')) AS movable,
-       count(*) FILTER (WHERE state = 'sending') AS in_flight
+       count(*) FILTER (WHERE state = 'sending' AND last_check_at IS NULL) AS claimed,
+       count(*) FILTER (WHERE state = 'sending' AND last_check_at IS NOT NULL) AS on_the_wire
 FROM deliveries WHERE run_id = $1;
 
--- name: run_cancel
--- A run's rows not final and not in flight -> skipped (cancelled). Locked in id order.
+-- name: run_stop
+-- Cancel ($2 'cancel': skipped, reason cancelled) or dead-letter ($2 'dead-letter': dead,
+-- replayable; $4 its last_error) run $1, for the recorded action $3. Rows not claimed, and
+-- claimed rows not past their last check, move at once: the consumer holding one finds it
+-- moved at its last check (which locks the row as this does) and sends nothing; the
+-- claim's unused attempt is recorded 'skipped'. Rows past their last check may be on the
+-- wire: they finish, marked with the action, and never pass another last check. One
+-- statement, rows locked in id order. Returns each row moved or on the wire.
 WITH locked AS (
-    SELECT id FROM deliveries
-    WHERE run_id = $1 AND state IN ('pending', 'queued', 'retrying')
+    SELECT id, state, attempts, last_check_at, stop_action_id
+    FROM deliveries
+    WHERE run_id = $1 AND state IN ('pending', 'queued', 'sending', 'retrying')
     ORDER BY id
     FOR UPDATE
+), moved AS (
+    UPDATE deliveries AS d SET
+        state = (CASE WHEN $2::text = 'cancel' THEN 'skipped' ELSE 'dead' END)::delivery_state,
+        skip_reason = CASE WHEN $2::text = 'cancel' THEN 'cancelled' END,
+        last_error = CASE WHEN $2::text = 'cancel' THEN d.last_error ELSE $4::text END,
+        finished_at = now(), next_attempt_at = NULL, lease_expires_at = NULL,
+        stop_action_id = NULL
+    FROM locked AS l
+    WHERE d.id = l.id AND (l.state <> 'sending' OR l.last_check_at IS NULL)
+    RETURNING d.id, l.state AS prior_state, d.attempts
+), marked AS (
+    UPDATE deliveries AS d SET stop_action_id = $3
+    FROM locked AS l
+    WHERE d.id = l.id AND l.state = 'sending' AND l.last_check_at IS NOT NULL
+      AND l.stop_action_id IS NULL
+), unused AS (
+    INSERT INTO delivery_attempts (delivery_id, attempt, outcome, error, possibly_delivered)
+    SELECT id, attempts, 'skipped',
+           CASE WHEN $2::text = 'cancel' THEN 'cancelled' ELSE $4::text END,
+           false
+    FROM moved WHERE prior_state = 'sending'
+    ON CONFLICT DO NOTHING
 )
-UPDATE deliveries AS d SET state = 'skipped', skip_reason = 'cancelled', finished_at = now(),
-                           next_attempt_at = NULL
-FROM locked
-WHERE d.id = locked.id AND d.state IN ('pending', 'queued', 'retrying')
-RETURNING d.id;
+SELECT id, prior_state::text AS prior_state, attempts, false AS on_the_wire FROM moved
+UNION ALL
+SELECT id, 'sending', attempts, true FROM locked
+WHERE state = 'sending' AND last_check_at IS NOT NULL;
 
--- name: run_dead_letter
--- A run's rows not final and not in flight -> dead (replayable). The dead letter is not
--- confirmed yet: a message still parked for the row publishes it when it arrives.
-WITH locked AS (
-    SELECT id FROM deliveries
-    WHERE run_id = $1 AND state IN ('pending', 'queued', 'retrying')
-    ORDER BY id
-    FOR UPDATE
-)
-UPDATE deliveries AS d SET state = 'dead', finished_at = now(), next_attempt_at = NULL,
-                           last_error = left('dead-lettered by an operator: ' || $2, 500)
-FROM locked
-WHERE d.id = locked.id AND d.state IN ('pending', 'queued', 'retrying')
-RETURNING d.id;
+-- name: run_wire_states
+-- The rows an action found on the wire: each one's state and attempt now.
+SELECT id, state::text AS state, attempts FROM deliveries WHERE id = ANY($1::bigint[]);
 
 -- name: run_release_parked
 -- On release: rows parked while the run was held are due again now.
@@ -1054,8 +1164,15 @@ RETURNING id;
 INSERT INTO run_actions (run_id, action, operator, reason, rows) VALUES ($1, $2, $3, $4, $5)
 RETURNING id, at;
 
+-- name: run_action_counts
+-- What a cancel or dead-letter did (in its own transaction, after run_stop), and again
+-- once it stopped waiting for the rows it found on the wire.
+UPDATE run_actions SET rows = $2, claimed_stopped = $3, on_the_wire = $4, wire_outcomes = $5
+WHERE id = $1;
+
 -- name: run_actions_of
-SELECT run_id, action, operator, reason, rows, at FROM run_actions
+SELECT run_id, action, operator, reason, rows, claimed_stopped, on_the_wire, wire_outcomes, at
+FROM run_actions
 WHERE run_id = ANY($1::bigint[]) ORDER BY id;
 
 -- name: admission_pause_open

@@ -150,8 +150,19 @@ async def test_operators_add_list_and_lift_suppressions_and_sends_follow(
             console_support.console(p.settings) as c,
             console_support.client() as http,
         ):
-            await console_support.log_in(http, c.url)
+            csrf = await console_support.log_in(http, c.url)
             async with http.get(f"{c.url}/suppressions") as page:
                 assert page.status == 200
                 body = await page.text()
-    assert "ann@example.com" in body and "lifted" in body and "opted in" in body
+            revealed_form = {"csrf": csrf, "reveal": "1"}
+            async with http.post(f"{c.url}/suppressions", data=revealed_form) as page:
+                assert page.status == 200
+                revealed = await page.text()
+    # Redacted as every console page is (by its keyed reference), the address only once
+    # revealed, and that reveal recorded in the operator's name.
+    assert "ann@example.com" not in body and "(email recipient not shown)" in body
+    ref = await console_support.ref_of(pool, "ann@example.com")
+    assert ref in body and "lifted" in body and "opted in" in body
+    assert "ann@example.com" in revealed and 'id="revealed"' in revealed
+    recorded = await pool.fetch("SELECT operator, page FROM console_reveals")
+    assert [(r["operator"], r["page"]) for r in recorded] == [("alice (console)", "/suppressions")]

@@ -112,6 +112,36 @@ def test_a_row_of_a_held_run_is_parked_before_any_other_fact_is_read() -> None:
     assert verdict == decisions.Hold(decisions.RUN_HELD, 12.5)
 
 
+def test_a_cancel_of_the_run_asked_while_on_the_wire_skips_it_before_any_other_fact() -> None:
+    facts = replace(FRESH, stop_action="cancel", stop_reason="sent by hand", run_held=True)
+    assert decisions.verdict(facts, has_destination=True) == decisions.Skip("cancelled")
+
+
+def test_a_dead_letter_of_the_run_asked_while_on_the_wire_kills_it_with_the_reason() -> None:
+    facts = replace(FRESH, stop_action="dead-letter", stop_reason="bad template", run_held=True)
+    assert decisions.verdict(facts, has_destination=True) == decisions.Kill(
+        "dead-lettered by an operator: bad template"
+    )
+
+
+def test_a_dead_letter_without_a_reason_says_so() -> None:
+    facts = replace(FRESH, stop_action="dead-letter")
+    assert decisions.verdict(facts, has_destination=True) == decisions.Kill(
+        "dead-lettered by an operator: no reason"
+    )
+
+
+def test_killed_ends_the_claimed_attempt_dead_without_a_request() -> None:
+    error = "dead-lettered by an operator: bad template"
+    assert decisions.killed(_row(), error) == Completion(
+        id=7,
+        attempt=3,
+        state=State.DEAD,
+        error=error,
+        record=Attempt(outcome="skipped", error=error, possibly_delivered=False),
+    )
+
+
 def test_older_than_stale_after_is_skipped_as_stale() -> None:
     facts = replace(FRESH, age_seconds=3600.5)
     assert decisions.verdict(facts, has_destination=True) == decisions.Skip("stale")
@@ -165,6 +195,12 @@ def test_a_disabled_destination_is_held_even_while_its_provider_is_paused() -> N
 def test_a_paused_provider_holds_the_send_for_the_pause() -> None:
     facts = replace(FRESH, provider_paused_seconds=2.5)
     assert decisions.verdict(facts, has_destination=True) == decisions.Hold("provider paused", 2.5)
+
+
+def test_a_pause_its_rate_budget_waits_out_is_not_parked_for_at_the_claim() -> None:
+    facts = replace(FRESH, provider_paused_seconds=2.5)
+    verdict = decisions.verdict(facts, has_destination=True, budget_obeys_pause=True)
+    assert verdict == decisions.Send(stale=False)
 
 
 def test_a_stale_row_with_send_stale_still_waits_out_a_pause() -> None:
