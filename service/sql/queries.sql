@@ -431,7 +431,8 @@ WITH o AS (
         lease_expires_at = NULL,
         last_check_at = NULL,
         -- an operator's stop outlives a retry (never sent again), not the row's end
-        stop_action_id = CASE WHEN o.state IN ('delivered', 'dead', 'skipped') THEN NULL
+        stop_action_id = CASE WHEN o.state IN ('accepted', 'delivered', 'bounced', 'dead',
+                                               'skipped') THEN NULL
                               ELSE d.stop_action_id END,
         last_status = o.status,
         last_error = o.error,

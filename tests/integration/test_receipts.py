@@ -9,6 +9,8 @@ from typing import Any
 
 import asyncpg
 
+from service import control, ledger
+from service.ledger import State
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.providers import providers
@@ -160,3 +162,30 @@ async def test_accepted_without_a_receipt_is_reported_as_no_receipt_after_the_wa
     assert "accepted, no receipt after 1 s" in missing.stdout
     shown = await rs.relay(waited, "deliveries", "show", "1")
     assert "provider message: " + p.email.emails[0]["id"] in shown.stdout
+
+
+async def test_an_email_on_the_wire_when_its_run_is_cancelled_ends_accepted_and_unmarked(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """`relay runs cancel` marks a claimed e-mail past its last check (the claim) as on the
+    wire; the provider's acceptance then stands: the row ends `accepted` (final for the
+    consumer, a receipt still settles it), the operator's mark gone with the claim's stamp."""
+    await rs.load(pool, [_email("wire", "ann@example.com")])
+    assert (await rs.relay(settings, "publish")).code == 0
+    delivery_id, run_id = await pool.fetchrow("SELECT id, run_id FROM deliveries")
+    async with pool.acquire() as conn:
+        claimed, _ = await ledger.claim(conn, [delivery_id], 30.0)
+        result = await control.act_on_run(
+            conn, run_id, "cancel", operator="test", reason="wrong list", apply=True
+        )
+        assert result is not None and result.wire == ((delivery_id, 1),)
+        record = ledger.Attempt(outcome="accepted", http_status=200, provider_message_id="em_1")
+        written = await ledger.complete(
+            conn, [ledger.Completion(delivery_id, 1, State.ACCEPTED, record=record)]
+        )
+    assert delivery_id in claimed and written == {(delivery_id, 1)}
+    row = await pool.fetchrow(
+        "SELECT state::text, stop_action_id, last_check_at, finished_at FROM deliveries"
+    )
+    assert (row["state"], row["stop_action_id"], row["last_check_at"]) == ("accepted", None, None)
+    assert row["finished_at"] is not None
