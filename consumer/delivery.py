@@ -91,8 +91,9 @@ class Deliverer:
             return await self._unsent.defer(
                 row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS
             )
+        stamp = self._store.stamp(row)  # the claim is the last check until a wait
         if self._reconciler is not None:  # an earlier attempt may have reached the provider
-            settled = await self._reconciler.before_send(row, channel)
+            settled = await self._reconciler.before_send(row, channel, before_wait=stamp.undo)
             if settled is not None:
                 return settled  # the provider had it already, or cannot say yet: not sent
         try:
@@ -100,7 +101,6 @@ class Deliverer:
         except ValueError:
             self._log_unreadable(row.id)
             return await self._unsent.defer(row, _UNREADABLE, self._targets.hold_seconds)
-        stamp = self._store.stamp(row)  # the claim is the last check until a wait
         admitted = await self._gate.admit(
             row, claimed_at=claimed_at, no_new_requests=no_new_requests, before_wait=stamp.undo
         )

@@ -18,6 +18,7 @@ provider first (the adapter's ``lookup``), records the question and the answer
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import cast
 
@@ -51,9 +52,17 @@ class Reconciler:
         self._clock = clock
         self._hold_seconds = hold_seconds
 
-    async def before_send(self, row: Claimed, channel: Channel) -> Disposition | None:
+    async def before_send(
+        self,
+        row: Claimed,
+        channel: Channel,
+        *,
+        before_wait: Callable[[], Awaitable[None]] | None = None,
+    ) -> Disposition | None:
         """None: send (nothing to ask, or the answer says so); else what to do with the
-        message, nothing having been sent."""
+        message, nothing having been sent. ``before_wait`` runs before the provider is
+        asked: the claim's stamp is taken back for that wait (an operator's cancel meanwhile
+        moves the row), and the send's last check comes after it."""
         if row.attempts < 2 or not receipts.waits_for_receipt(row.channel):
             return None
         lookup = getattr(channel, "lookup", None)
@@ -69,6 +78,8 @@ class Reconciler:
             payload=row.payload,
             since=row.occurrence_at,
         )
+        if before_wait is not None:
+            await before_wait()
         answer = await cast(Reconcilable, channel).lookup(asked)
         policy = reconciliations.policy_for(row.channel, answer.answer)
         await self._store.record_reconciliation(

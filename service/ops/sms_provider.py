@@ -55,6 +55,9 @@ class SmsProvider:
     delay_seconds: float = 0.0  # before each status callback
     callback_before_answer: bool = False  # post the callbacks before answering the POST
     list_fails: bool = False  # the list answers 500 (a provider that cannot say)
+    # Set by a test to make the list wait for it (a slow provider); None: answer at once.
+    list_gate: asyncio.Event | None = None
+    lists: int = 0  # list requests received
     messages: list[dict[str, Any]] = field(default_factory=list)  # in the order sent
     requests: Counter[str] = field(default_factory=Counter)  # To -> POSTs
     callbacks: list[tuple[str, int]] = field(default_factory=list)  # (status, answer)
@@ -130,6 +133,9 @@ class SmsProvider:
     async def list_messages(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"code": 20003, "status": 401}, status=401)
+        self.lists += 1
+        if self.list_gate is not None:
+            await self.list_gate.wait()
         if self.list_fails:
             return web.json_response({"code": 20500, "status": 500}, status=500)
         to = request.query.get("To")

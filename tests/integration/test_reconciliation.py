@@ -4,7 +4,12 @@ key). Each starts from a row a consumer claimed and lost before its request was 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+
 import asyncpg
+import pytest
 
 from service.settings import Settings
 from tests.support import relay as rs
@@ -91,3 +96,51 @@ async def test_an_email_is_sent_with_the_same_key_when_the_provider_cannot_say(
             await _until(pool, {"delivered": 1}, "the e-mail sent with its key and delivered")
         assert list(p.email.requests.values()) == [1]
     assert await _reconciled(pool) == [(2, [1], "unknown", "resend_same_key")]
+
+
+async def test_a_cancel_while_the_provider_is_asked_moves_the_row_and_nothing_is_sent(
+    settings: Settings, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Asking the provider is a wait: the claim's stamp is taken back first, so `relay runs
+    cancel` meanwhile moves the claimed row (not "on the wire"), and when the provider then
+    says it has no such message, the send's last check finds the row cancelled: no text."""
+    caplog.set_level(logging.INFO, logger="relay.consumer")
+    slow = settings.model_copy(update={"http_timeout_seconds": 20.0, "lease_seconds": 60.0})
+    async with providers(slow) as p:
+        p.sms.list_gate = asyncio.Event()  # the provider's list answers when the test says
+        line = rs.line("asked", "+14155550123", channel="sms", payload={"body": "hi"})
+        delivery_id = await _lost_claim(p, pool, line)
+        run_id = await pool.fetchval("SELECT run_id FROM deliveries WHERE id = $1", delivery_id)
+        async with rs.consumer_in_process(p.settings):
+
+            async def asking() -> bool:
+                return p.sms.lists == 1
+
+            await rs.wait_for(asking, 60, "the consumer asking the provider about attempt 1")
+            row = await pool.fetchrow("SELECT state::text, attempts, last_check_at FROM deliveries")
+            assert (row["state"], row["attempts"], row["last_check_at"]) == ("sending", 2, None)
+            cancel = await rs.relay(
+                p.settings,
+                "runs",
+                "cancel",
+                str(run_id),
+                "--apply",
+                "--json",
+                "--no-wait",
+                "--reason",
+                "wrong list",
+            )
+            assert cancel.code == 0, cancel.stderr
+            result = json.loads(cancel.stdout)
+            assert (result["claimed_stopped"], result["on_the_wire"]) == (1, 0)
+            p.sms.list_gate.set()
+
+            async def settled() -> bool:
+                stopped = any(getattr(r, "event", "") == "stopped" for r in caplog.records)
+                return stopped or bool(p.sms.messages)
+
+            await rs.wait_for(settled, 60, "the consumer's last check after the answer")
+        assert p.sms.messages == []
+    assert await _reconciled(pool) == [(2, [1], "not_found", "resend")]
+    row = await pool.fetchrow("SELECT state::text, skip_reason FROM deliveries")
+    assert (row["state"], row["skip_reason"]) == ("skipped", "cancelled")
