@@ -232,13 +232,19 @@ def _watch(page: Page) -> tuple[list[str], list[str]]:
 async def test_markup_in_urls_payloads_reasons_and_replies_is_shown_inert_on_every_page(
     settings: Settings, pool: asyncpg.Pool, browser: Browser
 ) -> None:
-    """A destination URL, a payload, operator reasons and a partner's reply full of markup:
-    on every page (redacted and revealed) no dialog fires, no element is made of it, and
-    what the page shows of it reads as text. (The payload is never read by the console.)"""
+    """A destination URL, a payload, operator reasons (a suppression's too) and a partner's
+    reply full of markup: on every page (redacted and revealed) no dialog fires, no element
+    is made of it, and what the page shows of it reads as text. (The payload is never read
+    by the console.)"""
     async with cs.answering(NASTY) as receiver:
         async with rs.consumer_in_process(settings):
             ids = await _nasty_ledger(settings, pool, receiver)
         nasty_url = f"{receiver}/hooks/{NASTY}"
+        suppressed = "nasty@example.com"  # an operator's suppression, markup for its reason
+        added = await rs.relay(
+            settings, "suppressions", "add", "email", suppressed, "--reason", NASTY
+        )
+        assert added.code == 0, added.stderr
         async with cs.console(settings) as c:
             await _act_with_nasty_reasons(c.url, receiver, pool, ids)
             page = await browser.new_page(viewport={"width": 1280, "height": 720})
@@ -251,7 +257,8 @@ async def test_markup_in_urls_payloads_reasons_and_replies_is_shown_inert_on_eve
                 (f"/deliveries/{ids['xss-body']}", [NASTY], []),  # the partner's reply
                 ("/dead", [], []),
                 ("/destinations", [NASTY], [nasty_url]),  # the disable's reason
-                (f"/deliveries/{ids['xss-url']}", [NASTY], [nasty_url]),
+                ("/suppressions", [NASTY], [suppressed]),  # the operator's why, the address
+                (f"/deliveries/{ids['xss-url']}", [NASTY], [nasty_url]),  # last: its replay
             ]
             for path, visible, revealed in plan:
                 await page.goto(c.url + path)
