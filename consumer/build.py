@@ -190,6 +190,17 @@ def _store(
     return ledger_store
 
 
+def _gate(settings: Settings, budgets: budget.Budgets, metrics: Metrics) -> gate.Gate:
+    return gate.Gate(
+        guard=destination_guard(settings),
+        budgets=budgets,
+        metrics=metrics,
+        lease_seconds=settings.lease_seconds,
+        send_timeout_seconds=settings.http_timeout_seconds,
+        budget_max_wait_seconds=settings.budget_max_wait_seconds,
+    )
+
+
 async def worker_for(
     settings: Settings,
     pool: asyncpg.Pool,
@@ -215,14 +226,7 @@ async def worker_for(
     crash = CrashPoints(settings.crash_at)
     deliverer = delivery.Deliverer(
         store=ledger_store,
-        gate=gate.Gate(
-            guard=destination_guard(settings),
-            budgets=budgets,
-            metrics=metrics,
-            lease_seconds=settings.lease_seconds,
-            send_timeout_seconds=settings.http_timeout_seconds,
-            budget_max_wait_seconds=settings.budget_max_wait_seconds,
-        ),
+        gate=_gate(settings, budgets, metrics),
         channels=adapters,
         policy=policy(settings),
         metrics=metrics,
