@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 import uvloop
 
 from service import errors, logs, settings
-from service.ops import cli_operators
+from service.ops import cli_events, cli_operators
 
 _log = logs.get("cli")
 # The folder holding service/, publisher/ and consumer/: frames there are this project's.
@@ -57,6 +57,7 @@ HANDLERS = {
     "consume": "consumer.commands:consume",
     "console": "service.ops.console.run:main",
     **cli_operators.HANDLERS,
+    **cli_events.HANDLERS,
 }
 
 
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_consume(sub)
     _add_status(sub)
     _add_destinations(sub)
+    cli_events.add(sub, _command)
     cli_operators.add(sub, _command)
     _command(sub, "pause", "pause admission: publish runs record and exit", "relay pause")
     _command(sub, "resume", "resume admission", "relay resume")
