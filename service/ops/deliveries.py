@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from service import db, entry, errors, logs
+from service import db, entry, errors, events, logs
 from service.ledger import State
 from service.settings import Settings
 
@@ -91,6 +91,7 @@ def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]
     data["receipt"] = clean(row["receipt"])
     data["destination"] = shown_destination(row["channel"], row["destination"])
     data["intent"] = None
+    data["event"] = None  # filled by show() for an event's delivery
     if row["source"] == "outbox":
         data["intent"] = {"source": "outbox", "key": row["idempotency_key"]}
         data["reminder"] = None
@@ -154,6 +155,13 @@ def render_story(data: dict[str, Any]) -> str:
             f"  reminder         {r['id']}: {r['schedule'] or '-'}, "
             f"missed_policy {r['missed_policy'] or '-'}, {active}"
         )
+    elif data.get("event") is not None:
+        e = data["event"]
+        lines.append(
+            f"  event            {e['id']} {e['event_type']} {e['key']} "
+            f"({_t(e['created_at'])}; {e['deliveries']} deliveries, one per subscribed "
+            "destination)"
+        )
     else:
         lines.append("  intent           outbox (committed by an application)")
     if data["run"] is not None:
@@ -186,7 +194,9 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
             print(f"relay: no delivery with {what}", file=sys.stderr)
             return errors.ExitCode.INCOMPLETE
         attempts = list(await pool.fetch(db.q("delivery_attempts_of"), row["id"]))
+        event = None if row["event_id"] is None else await events.get(pool, row["event_id"])
     data = story(row, attempts)
+    data["event"] = event
     print(to_json(data) if args.json else render_story(data))
     return errors.ExitCode.OK
 

@@ -545,11 +545,12 @@ GROUP BY run_id;
 SELECT state::text AS state, count(*) AS n FROM deliveries GROUP BY state;
 
 -- name: outbox_state_counts
--- Outbox intents belong to no publish run: the report lists them on their own.
+-- Outbox intents belong to no publish run: the report lists them on their own, and an
+-- event's deliveries ($1 true) apart from single intents ($1 false).
 SELECT state::text AS state, count(*) AS n,
        extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8
            AS oldest_pending_seconds
-FROM deliveries WHERE source = 'outbox' GROUP BY state;
+FROM deliveries WHERE source = 'outbox' AND (event_id IS NOT NULL) = $1 GROUP BY state;
 
 -- name: oldest_claimable_age
 -- Age of the oldest row that could be worked now (not rows waiting for their retry time).
@@ -914,7 +915,7 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
                    'hex'), 16) AS destination_ref,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.last_status, d.last_error, d.skip_reason, d.run_id, d.created_at,
-       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at
+       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at, d.event_id
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 WHERE d.id = $1;
@@ -982,7 +983,7 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        coalesce(d.destination, r.destination) AS destination,
        r.schedule_kind, r.daily_at, r.cron, r.due_at, r.timezone, r.missed_policy,
        r.active AS reminder_active, r.next_due_at AS reminder_next_due_at,
-       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at
+       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at, d.event_id
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 LEFT JOIN publish_runs AS p ON p.id = d.run_id
@@ -1181,7 +1182,7 @@ SELECT d.id, d.reminder_id, d.idempotency_key, d.channel, d.state::text AS state
        d.last_status, d.last_error, d.next_attempt_at, d.skip_reason, d.attempts,
        d.occurrence_at
 FROM deliveries AS d
-WHERE d.source = 'outbox' AND d.state <> 'delivered'
+WHERE d.source = 'outbox' AND d.state <> 'delivered' AND d.event_id IS NULL
 ORDER BY d.id DESC
 LIMIT $1;
 

@@ -14,7 +14,7 @@ import jinja2
 from aiohttp import web
 
 from service import control
-from service.ops.console import actions, api, pages, security
+from service.ops.console import actions, api, events, pages, security
 from service.ops.console.app_keys import ACTIONS, DOOR, POOL, TEMPLATES
 
 HERE = Path(__file__).resolve().parent
@@ -62,5 +62,6 @@ def build(
     app[TEMPLATES] = templates()
     app.add_routes(pages.routes())
     app.add_routes(api.routes())
+    app.add_routes(events.routes())
     app.add_routes([web.static("/static", HERE / "static")])
     return app
