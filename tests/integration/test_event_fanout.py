@@ -37,6 +37,7 @@ class Partner:
     name: str
     port: int = 0
     down: bool = False
+    rejecting: bool = False  # answer 400: a permanent refusal (the delivery dies)
     accepted: list[Received] = field(default_factory=list)
     refused: int = 0
 
@@ -49,6 +50,8 @@ class Partner:
             self.refused += 1
             await asyncio.sleep(3)  # longer than http_timeout_seconds (2 s): a hang
             return web.Response(status=503)
+        if self.rejecting:
+            return web.Response(status=400)
         self.accepted.append(Received(request.path, body, dict(request.headers)))
         return web.json_response({"ok": True})
 
@@ -301,6 +304,8 @@ async def _follow_one_event(settings: Settings, pool: asyncpg.Pool, shop: Partne
         async with http.get(f"{c.url}/events/{event_id}") as page:
             assert page.status == 200
             html = await page.text()
+        async with http.get(f"{c.url}/events") as page:
+            assert f'href="/events/{event_id}"' in await page.text()
         async with http.get(f"{c.url}/api/v1/events/{event_id}") as answer:
             found = await answer.json()
         async with http.get(f"{c.url}/deliveries/{shop_row}") as page:
@@ -310,3 +315,44 @@ async def _follow_one_event(settings: Settings, pool: asyncpg.Pool, shop: Partne
     for delivery_id in rows:
         assert f'href="/deliveries/{delivery_id}"' in html
     assert "(disabled: held)" in html
+
+
+@pytest.mark.timeout(600)
+async def test_a_partner_refusing_dead_letters_only_its_deliveries_and_a_replay_sends_them_once(
+    keyed: Settings, pool: asyncpg.Pool, partners: list[Partner]
+) -> None:
+    await _setup(keyed, partners)
+    carrier, shop, support = partners
+    shop.rejecting = True
+    await _record(pool, 24)
+    expected = await _expected(pool, partners, 24)
+    await _publish(keyed)
+    async with rs.consumer_in_process(keyed):
+
+        async def settled() -> bool:
+            dead = await pool.fetchval(
+                "SELECT count(*) FROM deliveries WHERE destination = $1 AND state = 'dead'",
+                shop.url(),
+            )
+            others = [await _delivered(pool, p.url()) for p in (carrier, support)]
+            return dead == len(expected["shop"]) and others == [
+                len(expected["carrier"]),
+                len(expected["support"]),
+            ]
+
+        await rs.wait_for(settled, 120, "the shop's deliveries dead, the others delivered")
+        shop.rejecting = False
+        replayed = await rs.relay(keyed, "replay", "--from", "ledger", "--apply", "--json")
+        assert replayed.code == 0, replayed.stderr
+        assert json.loads(replayed.stdout)["replayed"] == len(expected["shop"])
+
+        async def shop_done() -> bool:
+            return await _delivered(pool, shop.url()) == len(expected["shop"])
+
+        await rs.wait_for(shop_done, 120, "the shop's deliveries replayed and delivered")
+    for p in partners:
+        assert sorted(p.keys()) == sorted(expected[p.name]), p.name
+    replays = await pool.fetchval(
+        "SELECT count(*) FROM deliveries WHERE replays > 0 AND destination <> $1", shop.url()
+    )
+    assert replays == 0  # the replay touched the dead ones only
