@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict, SettingsError
 
-from service import channel_settings, console_settings, errors, servers
+from service import channel_settings, console_settings, errors, recovery_settings, servers
 
 _NUMBER = r"\d+(\.\d+)?"
 _BUDGET = rf"\s*[\w.-]+={_NUMBER}(/{_NUMBER})?\s*"
@@ -23,7 +23,11 @@ _BUDGETS = re.compile(rf"^({_BUDGET}(,{_BUDGET})*)?$")
 _ATTEMPTS = re.compile(r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$")
 
 
-class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSettings):
+class Settings(
+    channel_settings.ChannelSettings,
+    console_settings.ConsoleSettings,
+    recovery_settings.RecoverySettings,
+):
     """All configuration. Environment variable = ``RELAY_`` + upper-cased field name."""
 
     model_config = SettingsConfigDict(
@@ -250,17 +254,6 @@ class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSetting
     )
     breaker_cooldown_seconds: float = Field(
         default=30.0, gt=0, description="How long an open circuit defers sends (s)."
-    )
-
-    # --- rescue -------------------------------------------------------------------
-    rescue_after_seconds: float = Field(
-        default=900.0,
-        gt=0,
-        description="A queued/retrying row whose message should have arrived this long ago "
-        "is published again by rescue (s).",
-    )
-    rescue_batch_limit: int = Field(
-        default=5000, ge=1, description="Most rows one rescue pass republishes."
     )
 
     # --- operators ------------------------------------------------------------------
