@@ -236,7 +236,7 @@ class PublishRun:
 
     async def _publish(self, items: list[tuple[int, bool, datetime]]) -> None:
         """Publish rows so each reaches its lane when it falls due (those admitted ahead
-        through the timer queue), in due order, and mark confirmed ones queued."""
+        through the timer ladder), soonest due first, and mark confirmed ones queued."""
         if not items:
             return
         if self._publisher is None:

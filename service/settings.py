@@ -135,7 +135,7 @@ class Settings(
         ge=0,
         le=3600,
         description="A publish run also admits occurrences due this far ahead and hands "
-        "them to the broker's timer queue, so each becomes deliverable at its due time "
+        "them to the broker's timer ladder, so each becomes deliverable at its due time "
         "(s). Sized for a minutely CronJob plus its start-up; 0: admit only what is due.",
     )
     misfire_grace_seconds: float = Field(
