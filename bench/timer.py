@@ -124,11 +124,16 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--lead", type=float, default=25.0, help="s before the first due time")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--max-in-flight", type=int, default=0, help="RELAY_PUBLISH_MAX_IN_FLIGHT (0: default)"
+    )
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args()
     print(f"timer: {args.count} due over a minute, {args.runs} runs; load {load_average()}")
     async with bench_env("timer", keep_scratch=args.keep_logs) as env:
         env.extra_env["RELAY_PUBLISH_LOOKAHEAD_SECONDS"] = str(args.lead + SPAN_SECONDS + 30)
+        if args.max_in_flight:
+            env.extra_env["RELAY_PUBLISH_MAX_IN_FLIGHT"] = str(args.max_in_flight)
         port = free_port()
         receiver = [sys.executable, str(Path(__file__).with_name("receiver.py"))]
         partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")

@@ -204,11 +204,15 @@ class ConfirmedPublisher:
         topology: Topology,
         *,
         max_in_flight: int,
+        timer_max_in_flight: int,
         confirm_timeout_seconds: float,
     ) -> None:
         self._channel = channel
         self._topology = topology
         self._in_flight = asyncio.Semaphore(max_in_flight)
+        # A ladder level's TTL runs from when the broker takes the message (so the wait is
+        # taken as it goes out): one queued in the broker's intake behind many starts late.
+        self._timer_in_flight = asyncio.Semaphore(min(max_in_flight, timer_max_in_flight))
         self._timeout = confirm_timeout_seconds
         self._exchanges: dict[str, AbstractExchange] = {}
         self.blocked: alarms.Blocked | None = None  # set: time blocked is not confirm time
@@ -222,6 +226,7 @@ class ConfirmedPublisher:
             channel,
             topology,
             max_in_flight=settings.publish_max_in_flight,
+            timer_max_in_flight=settings.publish_timer_max_in_flight,
             confirm_timeout_seconds=settings.publish_confirm_timeout_seconds,
         )
 
@@ -257,12 +262,8 @@ class ConfirmedPublisher:
         self, delivery_id: int, *, urgent: bool, headers: Mapping[str, Any] | None = None
     ) -> None:
         """Publish one delivery to its lane and wait for the broker's confirm."""
-        await self._publish(
-            self._topology.work_exchange,
-            lane_of(urgent),
-            messages.encode(delivery_id),
-            headers or {},
-        )
+        body, lane = messages.encode(delivery_id), lane_of(urgent)
+        await self._publish(self._topology.work_exchange, lane, body, headers or {})
 
     async def publish_due(
         self, delivery_id: int, *, urgent: bool, due_in_seconds: float, headers: Mapping[str, Any]
@@ -274,9 +275,9 @@ class ConfirmedPublisher:
         loop = asyncio.get_running_loop()
         due_at = loop.time() + due_in_seconds
         body, lane = messages.encode(delivery_id), lane_of(urgent)
-        async with self._in_flight:
-            # The wait is taken as the message goes out, not when its batch began: a
-            # ladder level's TTL runs from when the broker takes the message.
+        if due_in_seconds <= _DUE_NOW_SECONDS:
+            return await self._publish(self._topology.work_exchange, lane, body, headers)
+        async with self._timer_in_flight, self._in_flight:
             remaining = due_at - loop.time()
             if remaining <= _DUE_NOW_SECONDS:
                 await self._send(self._topology.work_exchange, lane, body, headers)

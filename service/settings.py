@@ -127,6 +127,14 @@ class Settings(
     publish_max_in_flight: int = Field(
         default=1000, ge=1, le=20_000, description="Unconfirmed publishes allowed at once."
     )
+    publish_timer_max_in_flight: int = Field(
+        default=200,
+        ge=1,
+        le=20_000,
+        description="Of those, into the timer ladder: a wait starts when the broker takes the "
+        "message, so a deep intake makes look-ahead deliveries late; a shallow one publishes "
+        "more slowly.",
+    )
     publish_confirm_timeout_seconds: float = Field(
         default=15.0, gt=0, description="How long to wait for one publisher confirm (s)."
     )

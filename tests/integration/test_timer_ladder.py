@@ -109,10 +109,6 @@ async def test_runs_admitting_ahead_in_shuffled_order_deliver_in_due_order_none_
     settings = settings.model_copy(
         update={
             "publish_lookahead_seconds": 180.0,
-            # A shallow publish pipeline: a message's wait starts when the broker takes it,
-            # and 1,000 in flight on a busy host is a late start into the ladder, not a
-            # wait behind another message (bench/timer.py measures the default).
-            "publish_max_in_flight": 50,
             # One claim statement at a time: claim timestamps then follow arrival order.
             "database_pool_size": 3,
         }
