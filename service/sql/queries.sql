@@ -322,6 +322,7 @@ LEFT JOIN destinations AS dst
 SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now,
        attempts, last_status, last_error,
        (state = 'dead' AND dead_lettered_at IS NULL) AS dead_letter_missing,
+       republishes > 0 AS republished,
        CASE WHEN state IN ('pending', 'queued')
             THEN greatest(0, extract(epoch FROM occurrence_at - now()))::float8
             ELSE 0 END AS early_seconds
@@ -468,7 +469,8 @@ RETURNING id;
 -- Rows whose message should have arrived long ago: lost by the broker, purged, or held by
 -- a consumer that died. Rows never rescued first, then the longest since their last
 -- rescue, each group oldest overdue first across every state; a row rescued within the
--- interval is left alone, so one run's republish is not repeated by the next.
+-- interval is left alone, so one run's republish is not repeated by the next, and so is a
+-- row the consumers' overdue sweep republished within it (stamp_overdue).
 SELECT id, urgent FROM (
     SELECT id, urgent, rescued_at,
            CASE state WHEN 'queued' THEN greatest(published_at, occurrence_at)
@@ -478,6 +480,7 @@ SELECT id, urgent FROM (
     FROM deliveries
     WHERE state IN ('queued', 'retrying', 'sending')
       AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
 ) AS open
 WHERE rescue_due_at < now()
 ORDER BY rescued_at NULLS FIRST, rescue_due_at, id
@@ -495,6 +498,42 @@ WITH locked AS (
 UPDATE deliveries AS d SET rescued_at = now()
 FROM locked
 WHERE d.id = locked.id;
+
+-- name: overdue_exists
+-- Is a queued row overdue for the consumers' sweep (see stamp_overdue)? The cheap check each
+-- consumer runs every few seconds, answered from the index on queued rows' due times.
+SELECT EXISTS (
+    SELECT 1 FROM deliveries
+    WHERE state = 'queued'
+      AND occurrence_at < now() - make_interval(secs => $1)
+      AND coalesce(published_at, occurrence_at) < now() - make_interval(secs => $1)
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
+      AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+);
+
+-- name: stamp_overdue
+-- Queued rows whose message should have reached a lane $1 s ago (counted from the due time,
+-- or from the publication if later: a replayed or handed-back row) and that no consumer
+-- claimed: stamp them republished, oldest due first, at most $2; the caller republishes
+-- what this returns. A row stamped (or rescued) within the last $1 s is left alone.
+-- SKIP LOCKED: the sweeps of other replicas take other rows, a row being claimed right now
+-- is left to its claim, and as this never waits it cannot deadlock with statements that
+-- lock in id order.
+WITH overdue AS (
+    SELECT id FROM deliveries
+    WHERE state = 'queued'
+      AND occurrence_at < now() - make_interval(secs => $1)
+      AND coalesce(published_at, occurrence_at) < now() - make_interval(secs => $1)
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
+      AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+    ORDER BY occurrence_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deliveries AS d SET republished_at = now(), republishes = d.republishes + 1
+FROM overdue
+WHERE d.id = overdue.id AND d.state = 'queued'
+RETURNING d.id, d.urgent;
 
 -- name: open_owed_count
 -- Rows whose message should be in a queue now (what rescue compares the queues against).
