@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict, SettingsError
 
-from service import channel_settings, console_settings, errors, servers
+from service import channel_settings, console_settings, errors, recovery_settings, servers
 
 _NUMBER = r"\d+(\.\d+)?"
 _BUDGET = rf"\s*[\w.-]+={_NUMBER}(/{_NUMBER})?\s*"
@@ -23,7 +23,11 @@ _BUDGETS = re.compile(rf"^({_BUDGET}(,{_BUDGET})*)?$")
 _ATTEMPTS = re.compile(r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$")
 
 
-class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSettings):
+class Settings(
+    channel_settings.ChannelSettings,
+    console_settings.ConsoleSettings,
+    recovery_settings.RecoverySettings,
+):
     """All configuration. Environment variable = ``RELAY_`` + upper-cased field name."""
 
     model_config = SettingsConfigDict(
@@ -123,6 +127,14 @@ class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSetting
     publish_max_in_flight: int = Field(
         default=1000, ge=1, le=20_000, description="Unconfirmed publishes allowed at once."
     )
+    publish_timer_max_in_flight: int = Field(
+        default=200,
+        ge=1,
+        le=20_000,
+        description="Of those, into the timer ladder: a wait starts when the broker takes the "
+        "message, so a deep intake makes look-ahead deliveries late; a shallow one publishes "
+        "more slowly.",
+    )
     publish_confirm_timeout_seconds: float = Field(
         default=15.0, gt=0, description="How long to wait for one publisher confirm (s)."
     )
@@ -131,7 +143,7 @@ class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSetting
         ge=0,
         le=3600,
         description="A publish run also admits occurrences due this far ahead and hands "
-        "them to the broker's timer queue, so each becomes deliverable at its due time "
+        "them to the broker's timer ladder, so each becomes deliverable at its due time "
         "(s). Sized for a minutely CronJob plus its start-up; 0: admit only what is due.",
     )
     misfire_grace_seconds: float = Field(
@@ -250,17 +262,6 @@ class Settings(channel_settings.ChannelSettings, console_settings.ConsoleSetting
     )
     breaker_cooldown_seconds: float = Field(
         default=30.0, gt=0, description="How long an open circuit defers sends (s)."
-    )
-
-    # --- rescue -------------------------------------------------------------------
-    rescue_after_seconds: float = Field(
-        default=900.0,
-        gt=0,
-        description="A queued/retrying row whose message should have arrived this long ago "
-        "is published again by rescue (s).",
-    )
-    rescue_batch_limit: int = Field(
-        default=5000, ge=1, description="Most rows one rescue pass republishes."
     )
 
     # --- operators ------------------------------------------------------------------

@@ -6,7 +6,8 @@ propagator the OpenTelemetry API keeps. Names and units follow OpenTelemetry
 conventions and are listed in ``docs/metrics.md``; attributes are low-cardinality
 (channel, provider, outcome, reason, state, queue) and never recipient data.
 
-Export: the consumer serves ``/metrics`` for Prometheus (``PrometheusMetricReader``);
+Export: the consumer and the console serve ``/metrics`` for Prometheus
+(``PrometheusMetricReader``);
 any process pushes metrics and traces by OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT``
 is set (the short-lived publisher flushes before it exits).
 """
@@ -57,6 +58,8 @@ class Metrics:
     redelays: Counter
     poison: Counter
     destinations_disabled: Counter
+    overdue_republished: Counter
+    overdue_duplicates: Counter
     # Publish runs, rescue and replay: recorded by the publisher's commands.
     replays: Counter
     rescues: Counter
@@ -64,6 +67,8 @@ class Metrics:
     run_due: Counter
     run_created: Counter
     run_published: Counter
+    # The operator console: recorded by `relay console`.
+    console_login_failures: Counter
     # What the gauges report, refreshed by the consumer's sampler.
     snapshot: Snapshot
 
@@ -75,6 +80,11 @@ class Metrics:
         return cls(
             **_delivery_instruments(meter),
             **_run_instruments(meter),
+            console_login_failures=meter.create_counter(
+                "relay.console.login.failures",
+                "{attempt}",
+                "Console logins refused: a wrong name or token, or a blocked address",
+            ),
             snapshot=snapshot,
         )
 
@@ -116,6 +126,8 @@ class _DeliveryInstruments(TypedDict):
     redelays: Counter
     poison: Counter
     destinations_disabled: Counter
+    overdue_republished: Counter
+    overdue_duplicates: Counter
 
 
 class _RunInstruments(TypedDict):
@@ -184,6 +196,17 @@ def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
         ),
         destinations_disabled=meter.create_counter(
             "relay.destinations.disabled", "{destination}", "Destinations disabled, by reason"
+        ),
+        overdue_republished=meter.create_counter(
+            "relay.overdue.republished",
+            "{delivery}",
+            "Queued rows not claimed in time whose message the overdue sweep republished",
+        ),
+        overdue_duplicates=meter.create_counter(
+            "relay.overdue.duplicates",
+            "{message}",
+            "Messages for a republished row that came after it was final: its first message "
+            "was not lost after all (harmless)",
         ),
     )
 

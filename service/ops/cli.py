@@ -24,6 +24,7 @@ import uvloop
 
 from service import errors, logs, settings
 from service.ops import cli_events, cli_operators
+from service.ops.console import cli_args as console_args
 
 _log = logs.get("cli")
 # The folder holding service/, publisher/ and consumer/: frames there are this project's.
@@ -55,9 +56,9 @@ HANDLERS = {
     "rescue": "publisher.commands:rescue",
     "replay": "publisher.commands:replay",
     "consume": "consumer.commands:consume",
-    "console": "service.ops.console.run:main",
     **cli_operators.HANDLERS,
     **cli_events.HANDLERS,
+    **console_args.HANDLERS,
 }
 
 
@@ -109,17 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "pause", "pause admission: publish runs record and exit", "relay pause")
     _command(sub, "resume", "resume admission", "relay resume")
     _add_partner_and_demo(sub)
-    _add_console(sub)
+    console_args.add(sub, _command)
     return parser
-
-
-def _add_console(sub: Subcommands) -> None:
-    _command(
-        sub,
-        "console",
-        "serve the operator console (pages and /api/v1) on RELAY_CONSOLE_HOST:PORT",
-        "relay console   (with RELAY_CONSOLE_TOKEN_FILE=/run/secrets/console/token)",
-    )
 
 
 def _add_reminders(sub: Subcommands) -> None:

@@ -5,7 +5,8 @@ deliveries an operator filters for.
 intent, its run, and every attempt: start, duration, outcome, HTTP status or error
 class, and the provider's reply excerpt, bounded and redacted. Recipients, payloads and
 secrets are never printed: a webhook destination is shown as its scheme and host, an
-e-mail address or phone number not at all.
+e-mail address or phone number not at all (``service.ops.redaction``, which the console
+shares).
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 
-from service import db, entry, errors, events, logs
+from service import db, entry, errors, events
 from service.ledger import State
+from service.ops import redaction
 from service.settings import Settings
-
-EXCERPT_LIMIT = 200  # characters of a provider reply or an error shown per attempt
 
 
 @asynccontextmanager
@@ -46,24 +45,6 @@ def _default(value: object) -> object:
     if isinstance(value, datetime):
         return value.isoformat()
     return str(value)
-
-
-def shown_destination(channel: str, destination: str | None) -> str | None:
-    """What may be printed of a destination: a webhook's scheme and host, nothing else."""
-    if destination is None:
-        return None
-    if channel != "webhook":
-        return f"({channel} recipient not shown)"
-    parts = urlsplit(destination)
-    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-
-
-def clean(text: str | None, limit: int = EXCERPT_LIMIT) -> str | None:
-    """Text from outside (a reply, an error) made safe to print: redacted, one line, cut."""
-    if text is None:
-        return None
-    flat = " ".join(logs.redact(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def _schedule(row: asyncpg.Record) -> str | None:
@@ -87,9 +68,9 @@ _ROW_FIELDS = (
 def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]:
     """The JSON document of ``deliveries show`` (stable field names, documented)."""
     data: dict[str, Any] = {name: row[name] for name in _ROW_FIELDS}
-    data["last_error"] = clean(row["last_error"])
-    data["receipt"] = clean(row["receipt"])
-    data["destination"] = shown_destination(row["channel"], row["destination"])
+    data["last_error"] = redaction.text(row["last_error"])
+    data["receipt"] = redaction.text(row["receipt"])
+    data["destination"] = redaction.destination(row["channel"], row["destination"])
     data["intent"] = None
     data["event"] = None  # filled by show() for an event's delivery
     if row["source"] == "outbox":
@@ -121,8 +102,8 @@ def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]
             "duration_ms": None if a["latency_ms"] is None else round(a["latency_ms"], 1),
             "outcome": a["outcome"],
             "http_status": a["http_status"],
-            "error": clean(a["error"]),
-            "reply_excerpt": clean(a["response_excerpt"]),
+            "error": redaction.text(a["error"]),
+            "reply_excerpt": redaction.text(a["response_excerpt"]),
             "possibly_delivered": a["possibly_delivered"],
             "stale": a["stale"],
         }
@@ -232,7 +213,7 @@ async def list_(args: argparse.Namespace, settings: Settings) -> int:
     more = len(rows) > args.limit
     rows = rows[: args.limit]
     for r in rows:
-        r["last_error"] = clean(r["last_error"])
+        r["last_error"] = redaction.text(r["last_error"])
     next_before = rows[-1]["id"] if more else None
     if args.json:
         print(to_json({"deliveries": rows, "next_before": next_before}))

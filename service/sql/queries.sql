@@ -322,6 +322,7 @@ LEFT JOIN destinations AS dst
 SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now,
        attempts, last_status, last_error,
        (state = 'dead' AND dead_lettered_at IS NULL) AS dead_letter_missing,
+       republishes > 0 AS republished,
        CASE WHEN state IN ('pending', 'queued')
             THEN greatest(0, extract(epoch FROM occurrence_at - now()))::float8
             ELSE 0 END AS early_seconds
@@ -468,7 +469,8 @@ RETURNING id;
 -- Rows whose message should have arrived long ago: lost by the broker, purged, or held by
 -- a consumer that died. Rows never rescued first, then the longest since their last
 -- rescue, each group oldest overdue first across every state; a row rescued within the
--- interval is left alone, so one run's republish is not repeated by the next.
+-- interval is left alone, so one run's republish is not repeated by the next, and so is a
+-- row the consumers' overdue sweep republished within it (stamp_overdue).
 SELECT id, urgent FROM (
     SELECT id, urgent, rescued_at,
            CASE state WHEN 'queued' THEN greatest(published_at, occurrence_at)
@@ -478,6 +480,7 @@ SELECT id, urgent FROM (
     FROM deliveries
     WHERE state IN ('queued', 'retrying', 'sending')
       AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
 ) AS open
 WHERE rescue_due_at < now()
 ORDER BY rescued_at NULLS FIRST, rescue_due_at, id
@@ -495,6 +498,42 @@ WITH locked AS (
 UPDATE deliveries AS d SET rescued_at = now()
 FROM locked
 WHERE d.id = locked.id;
+
+-- name: overdue_exists
+-- Is a queued row overdue for the consumers' sweep (see stamp_overdue)? The cheap check each
+-- consumer runs every few seconds, answered from the index on queued rows' due times.
+SELECT EXISTS (
+    SELECT 1 FROM deliveries
+    WHERE state = 'queued'
+      AND occurrence_at < now() - make_interval(secs => $1)
+      AND coalesce(published_at, occurrence_at) < now() - make_interval(secs => $1)
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
+      AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+);
+
+-- name: stamp_overdue
+-- Queued rows whose message should have reached a lane $1 s ago (counted from the due time,
+-- or from the publication if later: a replayed or handed-back row) and that no consumer
+-- claimed: stamp them republished, oldest due first, at most $2; the caller republishes
+-- what this returns. A row stamped (or rescued) within the last $1 s is left alone.
+-- SKIP LOCKED: the sweeps of other replicas take other rows, a row being claimed right now
+-- is left to its claim, and as this never waits it cannot deadlock with statements that
+-- lock in id order.
+WITH overdue AS (
+    SELECT id FROM deliveries
+    WHERE state = 'queued'
+      AND occurrence_at < now() - make_interval(secs => $1)
+      AND coalesce(published_at, occurrence_at) < now() - make_interval(secs => $1)
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
+      AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+    ORDER BY occurrence_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deliveries AS d SET republished_at = now(), republishes = d.republishes + 1
+FROM overdue
+WHERE d.id = overdue.id AND d.state = 'queued'
+RETURNING d.id, d.urgent;
 
 -- name: open_owed_count
 -- Rows whose message should be in a queue now (what rescue compares the queues against).
@@ -890,29 +929,32 @@ WHERE url = $1 AND failure_streak > 0;
 
 -- name: console_run_missing
 -- Who did not get it: one page of a run's deliveries not delivered, filtered by state,
--- channel and destination reference (NULL = any), after id $5.
+-- channel and destination reference (NULL = any), after id $5. The reference is the
+-- HMAC-SHA256 of the destination keyed by the deployment's key, its ipad and opad rounds
+-- in $7 and $8 (service/ops/console/refs.py).
 SELECT d.id, d.reminder_id, d.channel, d.state::text AS state, d.last_status, d.last_error,
        d.next_attempt_at, d.skip_reason, d.attempts, d.occurrence_at,
        coalesce(d.destination, r.destination) AS destination,
-       left(encode(sha256(convert_to(coalesce(d.destination, r.destination, ''), 'UTF8')),
-                   'hex'), 16) AS destination_ref
+       left(encode(sha256($8::bytea || sha256($7::bytea || convert_to(
+           coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 WHERE d.run_id = $1 AND d.state <> 'delivered'
   AND ($2::text IS NULL OR d.state::text = $2)
   AND ($3::text IS NULL OR d.channel = $3)
-  AND ($4::text IS NULL OR left(encode(sha256(convert_to(
-          coalesce(d.destination, r.destination, ''), 'UTF8')), 'hex'), 16) = $4)
+  AND ($4::text IS NULL OR left(encode(sha256($8::bytea || sha256($7::bytea || convert_to(
+          coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) = $4)
   AND d.id > $5
 ORDER BY d.id
 LIMIT $6;
 
 -- name: console_delivery
--- One delivery as the console shows it: everything but the payload.
+-- One delivery as the console shows it: everything but the payload (the reference keyed
+-- as in console_run_missing, the key's rounds in $2 and $3).
 SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        coalesce(d.destination, r.destination) AS destination,
-       left(encode(sha256(convert_to(coalesce(d.destination, r.destination, ''), 'UTF8')),
-                   'hex'), 16) AS destination_ref,
+       left(encode(sha256($3::bytea || sha256($2::bytea || convert_to(
+           coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.last_status, d.last_error, d.skip_reason, d.run_id, d.created_at,
        d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at, d.event_id
@@ -951,10 +993,11 @@ LIMIT $1;
 
 -- name: console_destinations
 -- Every destination a reminder names or that is disabled: its reminders (active, paused by
--- a disable or a 410, cancelled), whether it is disabled (why, since when), its reference.
+-- a disable or a 410, cancelled), whether it is disabled (why, since when), its reference
+-- (keyed as in console_run_missing, the key's rounds in $3 and $4).
 SELECT coalesce(r.destination, dd.destination) AS destination,
-       left(encode(sha256(convert_to(coalesce(r.destination, dd.destination), 'UTF8')), 'hex'),
-            16) AS destination_ref,
+       left(encode(sha256($4::bytea || sha256($3::bytea || convert_to(
+           coalesce(r.destination, dd.destination), 'UTF8'))), 'hex'), 16) AS destination_ref,
        r.channel, coalesce(r.reminders, 0) AS reminders, coalesce(r.active, 0) AS active,
        coalesce(r.paused, 0) AS paused, coalesce(r.cancelled, 0) AS cancelled,
        dd.reason, dd.disabled_at
@@ -965,10 +1008,46 @@ FROM (SELECT destination, min(channel) AS channel, count(*) AS reminders,
              count(*) FILTER (WHERE inactive_reason = 'cancelled') AS cancelled
       FROM reminders GROUP BY destination) AS r
 FULL JOIN disabled_destinations AS dd ON dd.destination = r.destination
-WHERE ($1::text IS NULL OR left(encode(sha256(convert_to(
-          coalesce(r.destination, dd.destination), 'UTF8')), 'hex'), 16) = $1)
+WHERE ($1::text IS NULL OR left(encode(sha256($4::bytea || sha256($3::bytea || convert_to(
+          coalesce(r.destination, dd.destination), 'UTF8'))), 'hex'), 16) = $1)
 ORDER BY dd.disabled_at IS NULL, 1
 LIMIT $2;
+
+-- name: console_session_open
+-- A new console session: the hash of its cookie's id, who, with which operators-file line,
+-- its CSRF token, opened at $5, ending at $6 at the latest.
+INSERT INTO console_sessions (id_hash, operator, credential, csrf, created_at, last_seen_at,
+                              expires_at)
+VALUES ($1, $2, $3, $4, $5, $5, $6);
+
+-- name: console_session_touch
+-- The session of a cookie, if it is live at $2 (not revoked, not past its absolute end, used
+-- within the idle limit $3), its use recorded. No row: no session.
+UPDATE console_sessions
+SET last_seen_at = greatest(last_seen_at, $2)
+WHERE id_hash = $1 AND revoked_at IS NULL AND expires_at > $2 AND last_seen_at > $2 - $3::interval
+RETURNING id, operator, credential, csrf;
+
+-- name: console_session_revoke
+-- End a session now ($3: logout or operator_gone); NULL when it was not live.
+UPDATE console_sessions
+SET revoked_at = $2, revoked_why = $3
+WHERE id_hash = $1 AND revoked_at IS NULL
+RETURNING id;
+
+-- name: console_sessions_prune
+-- Sessions that ended before $1 (kept a while for the record) go.
+DELETE FROM console_sessions WHERE expires_at < $1;
+
+-- name: console_reveal_record
+INSERT INTO console_reveals (operator, page, at) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: console_secret_make
+-- The deployment's secret named $1, made once: the first console to start wins.
+INSERT INTO console_secrets (name, secret) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
+
+-- name: console_secret
+SELECT secret FROM console_secrets WHERE name = $1;
 
 ---------------------------------------------------------------------------- operators
 

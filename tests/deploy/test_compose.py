@@ -103,7 +103,7 @@ def test_references_are_defined() -> None:
         for network in service.get("networks", []):
             assert network in networks, f"{name}: undefined network {network}"
         for volume in service.get("volumes", []):
-            source = volume.split(":", 1)[0]
+            source = interpolate(volume).split(":", 1)[0]  # ${VAR:-default}: the default
             if source.startswith((".", "/")):
                 assert (REPO / source).exists(), f"{name}: {source} does not exist"
             else:
@@ -263,15 +263,24 @@ def test_servers_match_the_test_suite_defaults() -> None:
         assert env["RELAY_DATABASE_URL"] == "postgresql://postgres@postgres:5432/postgres", name
 
 
-def test_the_console_listens_on_loopback_with_a_token_and_a_served_healthcheck() -> None:
-    from service.ops.console import security
+def test_the_console_listens_on_loopback_with_its_operators_file_and_a_served_healthcheck() -> None:
+    from service.ops.console import operators, security
 
     console = services()["console"]
     assert support.parse_relay_args(console["command"], "console").command == "console"
     env = environment(console)
     assert env["RELAY_CONSOLE_HOST"] == "0.0.0.0"  # inside its container
     assert console["ports"] == [f"127.0.0.1:{env['RELAY_CONSOLE_PORT']}:8088"]
-    assert len(env["RELAY_CONSOLE_TOKEN"]) >= security.MIN_TOKEN_CHARS
+    assert env["RELAY_CONSOLE_HTTPS"] == "true"  # loopback counts as secure in browsers
+    (mount,) = [interpolate(v) for v in console["volumes"]]
+    source, target, mode = mount.split(":")
+    assert target == env["RELAY_CONSOLE_OPERATORS_FILE"] and mode == "ro"
+    # The demo file is what the console accepts at start-up, and its comment names the
+    # demo token, which opens it.
+    demo = REPO / source
+    known = operators.read(demo)
+    token = re.search(r"token (\S{32,}) ", demo.read_text())
+    assert token is not None and known["demo"].matches(token.group(1))
     check = " ".join(console["healthcheck"]["test"])
     assert f"http://127.0.0.1:{env['RELAY_CONSOLE_PORT']}{security.OPEN_PATHS[0]}'" in check
     assert console["depends_on"]["migrate"]["condition"] == "service_completed_successfully"

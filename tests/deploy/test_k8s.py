@@ -13,7 +13,7 @@ import yaml
 from croniter import croniter
 
 from consumer import health
-from service import amqp, errors, netpolicy, settings
+from service import amqp, errors, netpolicy, settings, telemetry
 from service.settings import Settings
 from tests.deploy import support
 from tests.deploy.support import K8S, Obj
@@ -257,7 +257,8 @@ def test_secret_is_mounted_where_relay_secrets_dir_points() -> None:
 
 # Which of the Secret's keys each workload sees (its secret volume's ``items``): a key it
 # does not read is not in its pod, so a consumer's compromise does not hand over the
-# console's operator token, and the CronJob holds only its two connections.
+# console's operators file (a Secret of its own), and the CronJob holds only its two
+# connections.
 _CONNECTIONS = {"RELAY_DATABASE_URL", "RELAY_AMQP_URL"}
 _SECRETS_BY_COMMAND = {
     "consume": _CONNECTIONS
@@ -268,7 +269,7 @@ _SECRETS_BY_COMMAND = {
         "RELAY_SMS_AUTH_TOKEN",
     },
     "publish": _CONNECTIONS,
-    "console": _CONNECTIONS | {"RELAY_CONSOLE_TOKEN"},
+    "console": _CONNECTIONS,
     "replay": _CONNECTIONS,
 }
 
@@ -280,7 +281,11 @@ def test_each_workload_mounts_only_the_secret_keys_its_command_reads() -> None:
             (main,) = spec["containers"]
             command = support.container_argv(main)[0]
             where = f"{name}: {support.kind_name(obj)} ({command})"
-            (volume,) = [v for v in spec.get("volumes", []) if "secret" in v]
+            (volume,) = [
+                v
+                for v in spec.get("volumes", [])
+                if v.get("secret", {}).get("secretName") == "relay-secrets"
+            ]
             projected = {item["key"] for item in volume["secret"].get("items", [])}
             assert projected == _SECRETS_BY_COMMAND[command], where
             assert all(i["key"] == i["path"] for i in volume["secret"]["items"]), where
@@ -585,14 +590,21 @@ def _console_routes() -> set[str]:
     from service.destination_switch import MissedFire
     from service.ops.console import actions as console_actions
     from service.ops.console import app as console_app
-    from service.ops.console import security
+    from service.ops.console import refs, security, sessions, throttle
 
     async def no_replay(*_: object) -> object:
         raise AssertionError("only inspected, never served")
 
-    door = security.Door("x" * 16, open_reads=False)
+    policy = sessions.Policy()
+    door = security.Door(
+        None,  # type: ignore[arg-type]
+        sessions.Sessions(None, SystemClock(), policy),  # type: ignore[arg-type]
+        throttle.LoginThrottle(),
+        telemetry.noop().console_login_failures,
+    )
     switching = console_actions.Switching((), MissedFire(300.0, 24), SystemClock())
-    built = console_app.build(None, no_replay, no_replay, door, switching)  # type: ignore[arg-type]
+    key = refs.RefKey(bytes(32))
+    built = console_app.build(None, no_replay, no_replay, door, switching, key)  # type: ignore[arg-type]
     return {route.resource.canonical for route in built.router.routes() if route.resource}
 
 
@@ -624,4 +636,13 @@ def test_the_console_is_reached_by_port_forward_only_through_its_service(
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])}
     assert port not in admitted, "the console's port must not be open to the cluster"
-    assert "RELAY_CONSOLE_TOKEN" in support.secret_variables()
+    # The operators file is a Secret of its own, mounted as a directory (no subPath), so an
+    # edit (a revoked operator) reaches the running console.
+    operators = Path(env["RELAY_CONSOLE_OPERATORS_FILE"])
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    mount = mounts[str(operators.parent)]
+    assert "subPath" not in mount and mount.get("readOnly") is True
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "relay-console-operators"
+    assert volume["secret"]["items"] == [{"key": "operators", "path": operators.name}]
+    assert env["RELAY_CONSOLE_HTTPS"] == "true"  # __Host- and Secure: loopback or TLS

@@ -154,7 +154,7 @@ async def test_from_the_runs_page_to_a_missing_delivery_its_attempts_and_a_repla
 async def test_the_api_shows_the_ledger_and_replays_a_run_dry_run_first(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
-    auth = {"Authorization": f"Bearer {cs.TOKEN}", "X-Relay-Operator": "ops-bot"}
+    auth = cs.bearer("ops-bot")
     async with rs.consumer_in_process(settings):
         failed = await cs.run_with_failures(settings, pool, partner)
         async with cs.console(settings) as c, cs.client(headers=auth) as http:
@@ -220,7 +220,7 @@ async def test_destinations_are_disabled_and_enabled_with_a_reason(
         assert await pool.fetchval("SELECT state FROM destinations WHERE state = 'disabled'")
         paused = await pool.fetch("SELECT inactive_reason FROM reminders WHERE NOT active")
         assert [r["inactive_reason"] for r in paused] == ["destination_disabled"] * 2
-        auth = {"Authorization": f"Bearer {cs.TOKEN}"}
+        auth = cs.bearer("bob")
         enable = f"{c.url}/api/v1/destinations/{refs[0]}/enable"
         async with http.post(enable, json={"reason": "reopened"}, headers=auth) as answer:
             dry = await answer.json()
@@ -249,13 +249,17 @@ async def test_relay_console_refuses_to_start_without_a_token_and_stops_on_sigte
     settings: Settings, tmp_path: object
 ) -> None:
     refused = await rs.relay(settings, "console", CONSOLE_PORT="0")
-    assert refused.code == 2 and "RELAY_CONSOLE_TOKEN" in refused.stderr
-    short = await rs.relay(settings, "console", CONSOLE_PORT="0", CONSOLE_TOKEN="short")
-    assert short.code == 2 and "16+ characters" in short.stderr
-    token_file = f"{tmp_path}/token"
-    with open(token_file, "w") as f:
-        f.write(cs.TOKEN + "\n")
-    proc = await _start(settings, CONSOLE_PORT="0", CONSOLE_TOKEN_FILE=token_file)
+    assert refused.code == 2 and "RELAY_CONSOLE_OPERATORS_FILE" in refused.stderr
+    assert "relay console-operators add NAME" in refused.stderr
+    plain = f"{tmp_path}/plain"
+    with open(plain, "w") as f:
+        f.write(f"alice:{cs.TOKEN}\n")  # a token where its hash belongs
+    weak = await rs.relay(settings, "console", CONSOLE_PORT="0", CONSOLE_OPERATORS_FILE=plain)
+    assert weak.code == 2 and "line 1: not a token hash" in weak.stderr
+    assert cs.TOKEN not in weak.stderr and "relay console-operators add" in weak.stderr
+    assert len(weak.stderr.strip().splitlines()) == 1
+    operators_file = str(cs.operators_file())
+    proc = await _start(settings, CONSOLE_PORT="0", CONSOLE_OPERATORS_FILE=operators_file)
     try:
         assert proc.stdout is not None
         first = (await proc.stdout.readline()).decode()
@@ -300,7 +304,7 @@ async def test_a_run_is_held_from_its_page_and_released_by_the_api_both_recorded
         assert "carol (console)" in run_page and "clinic asked" in run_page
         async with http.post(url, data=applied | {"action": "explode"}) as answer:
             assert answer.status == 400
-        auth = {"Authorization": f"Bearer {cs.TOKEN}", "X-Relay-Operator": "dave"}
+        auth = cs.bearer("dave")
         async with http.post(
             f"{c.url}/api/v1/runs/{run_id}/release",
             json={"apply": True, "reason": "all clear"},

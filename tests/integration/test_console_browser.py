@@ -4,7 +4,9 @@ From a run with failures: log in, go from the runs page to the run's missing del
 open one, read its attempts, replay it (dry run, then apply with a reason) and watch it
 become delivered; a browser without the session, or a request without the CSRF token,
 is refused. With RELAY_TEST_SCREENSHOTS set to a folder (docs/console), the main pages
-are saved there as PNG files.
+are saved there as PNG files. And markup (a script, an event handler, a javascript: URL, a
+closing textarea) in a destination URL, a payload, operator reasons and a partner's reply
+is shown inert on every page.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_playwright, expect
 
 from service.settings import Settings
 from tests.support import console as cs
@@ -150,3 +152,116 @@ async def test_in_a_browser_a_missing_delivery_is_found_replayed_and_delivered(
             await _refusals(browser, page, c.url, failed.run_id)
     states = dict(await pool.fetch("SELECT id, state::text FROM deliveries"))
     assert states[failed.dead[0]] == "delivered" and states[failed.dead[1]] == "dead"
+
+
+# Markup where text belongs: a script, an attribute break-out with an event handler, a
+# javascript: URL and a closing textarea. No whitespace, so it also fits in a URL.
+NASTY = (
+    '<script>alert("xss-script")</script>"><img/src=x/onerror=alert("xss-img")>'
+    'javascript:alert("xss-js")</textarea>'
+)
+
+
+async def _nasty_ledger(settings: Settings, pool: asyncpg.Pool, base: str) -> dict[str, int]:
+    """A dead delivery to a URL full of markup, one whose partner answered markup (both
+    with a markup payload), then a replay, a hold and a disable whose reasons are markup."""
+    payload = {"text": NASTY}
+    await rs.load(
+        pool,
+        [
+            rs.line("xss-url", f"{base}/hooks/{NASTY}", payload=payload),
+            rs.line("xss-body", f"{base}/hooks/plain", payload=payload),
+        ],
+    )
+    assert (await rs.relay(settings, "publish")).code == 0
+    sql = "SELECT reminder_id, id FROM deliveries WHERE state = 'dead'"
+
+    async def both_dead() -> bool:
+        return len(await pool.fetch(sql)) == 2
+
+    await rs.wait_for(both_dead, 60, "both deliveries dead")
+    ids = {r["reminder_id"]: r["id"] for r in await pool.fetch(sql)}
+    ids["run"] = await pool.fetchval("SELECT run_id FROM deliveries WHERE id = $1", ids["xss-body"])
+    return ids
+
+
+async def _act_with_nasty_reasons(
+    base: str, receiver: str, pool: asyncpg.Pool, ids: dict[str, int]
+) -> None:
+    """Replay, hold and disable, each with markup for a reason."""
+    ref = await cs.ref_of(pool, f"{receiver}/hooks/plain")
+    async with cs.client(headers=cs.bearer("erin")) as http:
+        calls = [
+            ("/api/v1/replay", {"delivery_id": ids["xss-body"], "apply": True}),
+            (f"/api/v1/runs/{ids['run']}/hold", {"apply": True}),
+            (f"/api/v1/destinations/{ref}/disable", {}),
+        ]
+        for path, body in calls:
+            async with http.post(base + path, json=body | {"reason": NASTY}) as answer:
+                assert answer.status == 200, (path, await answer.text())
+
+
+async def _inert(page: Page, fired: list[str], blocked: list[str], visible: list[str]) -> None:
+    """Nothing ran and nothing was made of the markup; ``visible`` is shown as text."""
+    await expect(page.locator("main")).to_be_visible()
+    assert fired == [] and blocked == [], (page.url, fired, blocked)
+    injected = "main script, main img, main textarea, main iframe, a[href^='javascript:']"
+    assert await page.locator(injected).count() == 0, page.url
+    for text in visible:
+        await expect(page.locator("main")).to_contain_text(text)
+
+
+def _watch(page: Page) -> tuple[list[str], list[str]]:
+    """Every dialog (dismissed) and every script the page's CSP blocked, from now on."""
+    fired: list[str] = []
+    blocked: list[str] = []
+
+    async def on_dialog(dialog: Dialog) -> None:
+        fired.append(dialog.message)
+        await dialog.dismiss()
+
+    def on_console(message: ConsoleMessage) -> None:
+        if "Content Security Policy" in message.text:
+            blocked.append(message.text)
+
+    page.on("dialog", on_dialog)
+    page.on("console", on_console)
+    return fired, blocked
+
+
+async def test_markup_in_urls_payloads_reasons_and_replies_is_shown_inert_on_every_page(
+    settings: Settings, pool: asyncpg.Pool, browser: Browser
+) -> None:
+    """A destination URL, a payload, operator reasons and a partner's reply full of markup:
+    on every page (redacted and revealed) no dialog fires, no element is made of it, and
+    what the page shows of it reads as text. (The payload is never read by the console.)"""
+    async with cs.answering(NASTY) as receiver:
+        async with rs.consumer_in_process(settings):
+            ids = await _nasty_ledger(settings, pool, receiver)
+        nasty_url = f"{receiver}/hooks/{NASTY}"
+        async with cs.console(settings) as c:
+            await _act_with_nasty_reasons(c.url, receiver, pool, ids)
+            page = await browser.new_page(viewport={"width": 1280, "height": 720})
+            fired, blocked = _watch(page)
+            await _log_in(page, c.url)
+            # (page, shown as text when redacted, shown as text once revealed)
+            plan = [
+                ("/runs", [], []),
+                (f"/runs/{ids['run']}", [NASTY], [nasty_url]),  # the hold's reason
+                (f"/deliveries/{ids['xss-body']}", [NASTY], []),  # the partner's reply
+                ("/dead", [], []),
+                ("/destinations", [NASTY], [nasty_url]),  # the disable's reason
+                (f"/deliveries/{ids['xss-url']}", [NASTY], [nasty_url]),
+            ]
+            for path, visible, revealed in plan:
+                await page.goto(c.url + path)
+                await _inert(page, fired, blocked, visible)
+                if path != "/runs":
+                    await page.click("#reveal")
+                    await expect(page.locator("#revealed")).to_be_visible()
+                    await _inert(page, fired, blocked, visible + revealed)
+            await page.click("#replay-dry-run")  # the dead one's replay page
+            await expect(page.locator("#replay-summary")).to_contain_text("Would replay 1")
+            await _inert(page, fired, blocked, [])
+    revealed_pages = await pool.fetchval("SELECT count(*) FROM console_reveals")
+    assert revealed_pages == len(plan) - 1

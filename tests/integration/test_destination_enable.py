@@ -5,7 +5,6 @@ stale_after are skipped, and the dry run's counts are what the apply then does."
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import re
@@ -242,8 +241,7 @@ async def test_the_console_switch_shows_the_dry_run_counts_then_does_what_the_cl
     ])  # fmt: skip
     assert (await rs.relay(settings, "reminders", "cancel", "cancelled")).code == 0
     assert (await rs.relay(settings, "publish")).code == 0
-    ref = hashlib.sha256(url.encode()).hexdigest()[:16]
-    mail_ref = hashlib.sha256(mail.encode()).hexdigest()[:16]
+    ref, mail_ref = await cs.ref_of(pool, url), await cs.ref_of(pool, mail)
 
     async with cs.console(settings) as c, cs.client() as http:
         csrf = await cs.log_in(http, c.url, "carol")

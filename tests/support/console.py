@@ -1,24 +1,59 @@
-"""Helpers for the console's tests: a console on a real port, a logged-in HTTP client,
-and a ledger with failures (a run whose deliveries to one path were rejected)."""
+"""Helpers for the console's tests: an operators file, a console on a real port, a
+logged-in HTTP client, and a ledger with failures (a run whose deliveries to one path were
+rejected)."""
 
 from __future__ import annotations
 
+import functools
 import re
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import asyncpg
+from aiohttp import web
 
+from service.clock import Clock
 from service.ops import partner as partner_mod
+from service.ops.console import operators, refs
 from service.ops.console import run as console_run
-from service.ops.console import security
 from service.settings import Settings
 from tests.support import relay as rs
 
-TOKEN = "console-test-token-0123456789abcdef"
-_CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
+# Each test operator's own token (32+ characters, as the console demands).
+NAMES = ("alice", "bob", "carol", "dave", "erin", "ops-bot")
+TOKENS = {name: f"{name}-console-test-token-0123456789abcdef" for name in NAMES}
+TOKEN = TOKENS["alice"]
+CHEAP = (2**14, 8, 1)  # the cheapest scrypt the console accepts: tests hash many times
+_CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def write_operators(path: Path, names: tuple[str, ...] = NAMES) -> Path:
+    """An operators file with ``names`` and their ``TOKENS``."""
+    lines = [operators.hash_line(name, TOKENS[name], CHEAP) for name in names]
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+@functools.cache
+def operators_file() -> Path:
+    """The operators file every test console shares (made once per process)."""
+    folder = Path(tempfile.mkdtemp(prefix="relay-console-operators-"))
+    return write_operators(folder / "operators")
+
+
+def bearer(name: str = "alice") -> dict[str, str]:
+    """The headers of a script acting as ``name``."""
+    return {"Authorization": f"Bearer {TOKENS[name]}", "X-Relay-Operator": name}
+
+
+async def ref_of(pool: asyncpg.Pool, destination: str) -> str:
+    """The console's reference of ``destination`` (keyed by this database's secret)."""
+    return (await refs.load(pool)).of(destination)
 
 
 @dataclass
@@ -28,11 +63,21 @@ class Console:
 
 
 @asynccontextmanager
-async def console(settings: Settings, *, open_reads: bool = False) -> AsyncIterator[Console]:
+async def console(
+    settings: Settings,
+    *,
+    open_reads: bool = False,
+    operators_path: Path | None = None,
+    clock: Clock | None = None,
+    **updates: Any,
+) -> AsyncIterator[Console]:
     """``relay console``'s server (its composition root) on a free loopback port."""
-    door = security.Door(TOKEN, open_reads=open_reads)
-    local = settings.model_copy(update={"console_port": 0, "console_host": "127.0.0.1"})
-    async with console_run.serving(local, door) as (_, port):
+    local = settings.model_copy(
+        update={"console_port": 0, "console_host": "127.0.0.1", "console_open_reads": open_reads}
+        | updates
+    )
+    known = operators.Operators(operators_path or operators_file())
+    async with console_run.serving(local, known, clock) as (_, port):
         yield Console(f"http://127.0.0.1:{port}", port)
 
 
@@ -43,9 +88,9 @@ def client(**kwargs: object) -> aiohttp.ClientSession:
 
 
 async def log_in(http: aiohttp.ClientSession, base: str, name: str = "alice") -> str:
-    """Log in with the token; the session's CSRF token (read from a page's form)."""
+    """Log in as ``name`` with their token; the session's CSRF token (read from a page)."""
     async with http.post(
-        f"{base}/login", data={"name": name, "token": TOKEN}, allow_redirects=False
+        f"{base}/login", data={"name": name, "token": TOKENS[name]}, allow_redirects=False
     ) as answer:
         assert answer.status == 303, await answer.text()
     async with http.get(f"{base}/runs") as page:
@@ -53,6 +98,40 @@ async def log_in(http: aiohttp.ClientSession, base: str, name: str = "alice") ->
         found = _CSRF.search(await page.text())
     assert found is not None
     return found.group(1)
+
+
+@asynccontextmanager
+async def answering(body: str, status: int = 400) -> AsyncIterator[str]:
+    """A receiver on a free loopback port that answers every POST with ``status`` and
+    ``body`` (as text/plain); yields its base URL."""
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.Response(text=body, status=status)
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", answer)
+    runner, port = await partner_mod.serve(app)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def dead_delivery(
+    settings: Settings, pool: asyncpg.Pool, reminder_id: str, destination: str, **fields: Any
+) -> int:
+    """Load one reminder to ``destination``, publish it and wait (a consumer started by the
+    caller) until its delivery is dead; its id."""
+    await rs.load(pool, [rs.line(reminder_id, destination, **fields)])
+    published = await rs.relay(settings, "publish")
+    assert published.code == 0, published.stderr
+    sql = "SELECT id FROM deliveries WHERE reminder_id = $1 AND state = 'dead'"
+
+    async def dead() -> bool:
+        return await pool.fetchval(sql, reminder_id) is not None
+
+    await rs.wait_for(dead, 60, f"the delivery of {reminder_id} to be dead")
+    return int(await pool.fetchval(sql, reminder_id))
 
 
 @dataclass

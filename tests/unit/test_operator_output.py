@@ -1,31 +1,10 @@
-"""What operator commands may print: destinations and text from outside, and progress."""
+"""What operator commands print to a terminal: progress (redaction: test_redaction.py)."""
 
 from __future__ import annotations
 
 import io
 
-from service.ops import deliveries
 from service.progress import Progress
-
-
-def test_a_webhook_destination_is_shown_as_scheme_and_host_only() -> None:
-    shown = deliveries.shown_destination("webhook", "https://clinic.example:8443/h/t0k3n?x=1")
-    assert shown == "https://clinic.example:8443"
-
-
-def test_an_email_or_sms_recipient_is_never_shown() -> None:
-    assert "@" not in str(deliveries.shown_destination("email", "dr.who@clinic.example"))
-    assert "+49" not in str(deliveries.shown_destination("sms", "+4915112345678"))
-    assert deliveries.shown_destination("sms", None) is None
-
-
-def test_text_from_outside_is_redacted_flattened_and_bounded() -> None:
-    reply = "unknown user dr.who@clinic.example\n call +4915112345678 or see https://x.example/a "
-    cleaned = deliveries.clean(reply + "y" * 500)
-    assert cleaned is not None
-    assert "dr.who" not in cleaned and "+4915" not in cleaned and "x.example" not in cleaned
-    assert "\n" not in cleaned and len(cleaned) == deliveries.EXCERPT_LIMIT
-    assert deliveries.clean(None) is None
 
 
 class _Tty(io.StringIO):

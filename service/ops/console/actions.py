@@ -7,8 +7,9 @@ A run is held, released, cancelled or dead-lettered with ``service.control.act_o
 the reason. A destination is switched with ``service.destination_switch`` as
 ``relay destinations disable`` / ``enable`` does: the same checks of the URL and the
 reason, the same outcome, an enable's dry run first; recorded in ``destination_actions``.
-Every applied action is also one ``console_action`` log line (who, what, why; a
-destination by its reference).
+Revealing a page (showing its recipients and replies unredacted) is recorded in
+``console_reveals`` (who, when, which page). Every applied action is also one
+``console_action`` log line (who, what, why; a destination by its reference).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import asyncpg
 
 from service import control, destination_switch, destinations, ledger, logs, netpolicy
 from service.clock import Clock
-from service.ops.console import data
+from service.ops import redaction
+from service.ops.console import data, refs
 
 log = logs.get("console")
 MAX_REASON_CHARS = 200
@@ -85,7 +87,14 @@ class Actions:
     replay: Replay
     queue_depth: QueueDepth
     switching: Switching
+    key: refs.RefKey
     wire_wait_seconds: float = control.wire_wait_seconds(10.0)  # cancel, dead-letter
+
+    async def reveal(self, operator: str, page: str) -> None:
+        """Record that ``operator`` is shown ``page`` unredacted (before it is shown)."""
+        at = self.switching.clock.now()
+        await data.record_reveal(self.pool, operator, page, at)
+        _record("reveal", operator, "", page=page)
 
     async def replay_dead(
         self, operator: str, request: ReplayRequest, *, apply: bool, reason: str
@@ -100,7 +109,7 @@ class Actions:
             raise ActionError("a replay from the queue takes every dead letter: no filters")
         selection = ledger.ReplayFilter(run_id=request.run_id, channel=request.channel)
         if request.delivery_id is not None:
-            found = await data.delivery(self.pool, request.delivery_id)
+            found = await data.delivery(self.pool, self.key, request.delivery_id)
             if found is None:
                 raise ActionError(f"no delivery {request.delivery_id}")
             selection = ledger.ReplayFilter(key=found["idempotency_key"])
@@ -147,7 +156,7 @@ class Actions:
         """Disable (always applied) or enable (a dry run unless ``apply``) the destination
         with this reference, as ``relay destinations disable`` / ``enable`` does: the same
         checks, the same outcome, the same JSON."""
-        found = await data.destinations(self.pool, ref, 1)
+        found = await data.destinations(self.pool, self.key, ref, 1, reveal=True)
         if not found:
             raise ActionError("no such destination")
         try:
@@ -166,7 +175,8 @@ class Actions:
         if apply and result["changed"]:
             action = "destination_enable" if enable else "destination_disable"
             _record(action, operator, reason.strip(), destination_ref=ref, changed=True)
-        return {"destination_ref": ref, **result}
+        # The URL as every console answer shows a destination: scheme and host only.
+        return {**result, "destination_ref": ref, "url": redaction.destination("webhook", url)}
 
     async def _enable(
         self, conn: destinations.Connection, url: str, operator: str, apply: bool, reason: str

@@ -1,7 +1,9 @@
 """The JSON API under ``/api/v1`` (docs/console.md): the pages' data, as JSON.
 
 Reads share ``data`` with the pages; actions share ``actions``. A state-changing call
-needs the token (``Authorization: Bearer``) or a session with its CSRF token.
+needs an operator's token (``Authorization: Bearer`` with ``X-Relay-Operator``) or a
+session with its CSRF token. Recipients and replies are always redacted here (as the
+CLI's output is): revealing them is a recorded action on a page, for a person.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from service.ops.console import actions, data, params
-from service.ops.console.app_keys import ACTIONS, POOL, operator_name
+from service.ops.console.app_keys import ACTIONS, POOL, REF_KEY, operator_name
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -41,14 +43,14 @@ async def run_missing(request: web.Request) -> web.Response:
         return _json({"error": f"no run {run_id}"}, 404)
     selection = params.missing_filter(request.query)
     limit = min(params.optional_int(request.query, "limit") or data.PAGE, 1000)
-    rows = await data.run_missing(request.app[POOL], run_id, selection, limit)
+    rows = await data.run_missing(request.app[POOL], request.app[REF_KEY], run_id, selection, limit)
     run["actions"] = await data.run_actions(request.app[POOL], run_id)
     return _json({"run": run, "missing": rows, "next_after": rows[-1]["id"] if rows else None})
 
 
 async def delivery(request: web.Request) -> web.Response:
     delivery_id = params.path_int(request, "delivery_id")
-    found = await data.delivery(request.app[POOL], delivery_id)
+    found = await data.delivery(request.app[POOL], request.app[REF_KEY], delivery_id)
     if found is None:
         return _json({"error": f"no delivery {delivery_id}"}, 404)
     return _json(found)
@@ -96,7 +98,8 @@ async def run_action(request: web.Request) -> web.Response:
 
 
 async def destinations(request: web.Request) -> web.Response:
-    return _json({"destinations": await data.destinations(request.app[POOL])})
+    found = await data.destinations(request.app[POOL], request.app[REF_KEY])
+    return _json({"destinations": found})
 
 
 async def switch_destination(request: web.Request) -> web.Response:

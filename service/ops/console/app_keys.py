@@ -6,12 +6,13 @@ import asyncpg
 import jinja2
 from aiohttp import web
 
-from service.ops.console import actions, security
+from service.ops.console import actions, refs, security
 
 POOL = web.AppKey("pool", asyncpg.Pool)
 ACTIONS = web.AppKey("actions", actions.Actions)
 DOOR = web.AppKey("door", security.Door)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
+REF_KEY = web.AppKey("ref_key", refs.RefKey)
 
 
 def operator_name(request: web.Request) -> str:

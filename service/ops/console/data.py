@@ -1,8 +1,10 @@
 """What the console shows, read through named blocks of ``sql/queries.sql``.
 
 Pages and the JSON API call the same functions and get plain dicts (JSON-ready after
-``jsonable``). No payload is ever read; destinations are shown in page bodies but named
-in URLs only by their reference.
+``jsonable``). No payload is ever read. Recipients and text from outside (errors, a
+partner's reply) are redacted by ``service.ops.redaction`` exactly as the CLI's output is,
+unless the page was revealed (a recorded action; ``reveal``). Destinations are named in
+URLs only by their keyed reference (``refs``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from service import control, db, ledger, runs
+from service.ops import redaction
+from service.ops.console import refs
 
 STATES = tuple(s.value for s in ledger.State)
 CHANNELS = ("webhook", "email", "sms")
@@ -65,8 +69,29 @@ async def run_actions(executor: ledger.Executor, run_id: int) -> list[dict[str, 
     return [dict(a.__dict__) for a in await control.actions_of(executor, [run_id])]
 
 
+def shown_row(row: dict[str, Any], reveal: bool = False) -> dict[str, Any]:
+    """A delivery or destination row as shown: its ``destination`` and its text from
+    outside (``last_error``, ``error``, ``response_excerpt``) redacted as the CLI does,
+    unless revealed."""
+    if reveal:
+        return row
+    shown = dict(row)
+    if "destination" in shown:
+        shown["destination"] = redaction.destination(shown.get("channel"), shown["destination"])
+    for name in ("last_error", "error", "response_excerpt"):
+        if name in shown:
+            shown[name] = redaction.text(shown[name])
+    return shown
+
+
 async def run_missing(
-    executor: ledger.Executor, run_id: int, selection: MissingFilter, limit: int = PAGE
+    executor: ledger.Executor,
+    key: refs.RefKey,
+    run_id: int,
+    selection: MissingFilter,
+    limit: int = PAGE,
+    *,
+    reveal: bool = False,
 ) -> list[dict[str, Any]]:
     """One page of the run's deliveries that were not delivered."""
     rows = await executor.fetch(
@@ -77,19 +102,22 @@ async def run_missing(
         selection.destination_ref,
         selection.after_id,
         limit,
+        key.inner,
+        key.outer,
     )
-    return [dict(r) for r in rows]
+    return [shown_row(dict(r), reveal) for r in rows]
 
 
-async def delivery(executor: ledger.Executor, delivery_id: int) -> dict[str, Any] | None:
+async def delivery(
+    executor: ledger.Executor, key: refs.RefKey, delivery_id: int, *, reveal: bool = False
+) -> dict[str, Any] | None:
     """One delivery (no payload) with its attempts, oldest first."""
-    row = await executor.fetchrow(db.q("console_delivery"), delivery_id)
+    row = await executor.fetchrow(db.q("console_delivery"), delivery_id, key.inner, key.outer)
     if row is None:
         return None
-    found = dict(row)
-    found["attempt_list"] = [
-        dict(a) for a in await executor.fetch(db.q("console_attempts"), delivery_id)
-    ]
+    found = shown_row(dict(row), reveal)
+    attempts = await executor.fetch(db.q("console_attempts"), delivery_id)
+    found["attempt_list"] = [shown_row(dict(a), reveal) for a in attempts]
     return found
 
 
@@ -99,20 +127,32 @@ async def dead(
     channel: str | None,
     before_id: int | None = None,
     limit: int = PAGE,
+    *,
+    reveal: bool = False,
 ) -> dict[str, Any]:
     """The dead deliveries (newest first), their total, and the latest replays."""
     rows = await executor.fetch(db.q("console_dead"), run_id, channel, before_id, limit)
     replays = await executor.fetch(db.q("console_replays_recent"), 10)
     return {
         "total": int(await executor.fetchval(db.q("console_dead_count"))),
-        "deliveries": [dict(r) for r in rows],
+        "deliveries": [shown_row(dict(r), reveal) for r in rows],
         "replays": [dict(r) for r in replays],
     }
 
 
 async def destinations(
-    executor: ledger.Executor, ref: str | None = None, limit: int = 500
+    executor: ledger.Executor,
+    key: refs.RefKey,
+    ref: str | None = None,
+    limit: int = 500,
+    *,
+    reveal: bool = False,
 ) -> list[dict[str, Any]]:
     """Destinations named by reminders or disabled, disabled first."""
-    rows = await executor.fetch(db.q("console_destinations"), ref, limit)
-    return [dict(r) | {"disabled": r["disabled_at"] is not None} for r in rows]
+    rows = await executor.fetch(db.q("console_destinations"), ref, limit, key.inner, key.outer)
+    return [shown_row(dict(r), reveal) | {"disabled": r["disabled_at"] is not None} for r in rows]
+
+
+async def record_reveal(executor: ledger.Executor, operator: str, page: str, at: datetime) -> int:
+    """Record that ``operator`` revealed ``page`` (its path and query) at ``at``."""
+    return int(await executor.fetchval(db.q("console_reveal_record"), operator, page[:300], at))

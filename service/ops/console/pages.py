@@ -1,24 +1,31 @@
 """The console's HTML pages (Jinja2, autoescaped), rendered on the server.
 
 Titles and URLs name runs and deliveries by id and destinations by reference, never an
-address or a payload. Forms that change state post their session's CSRF token.
+address or a payload. Forms that change state post their session's CSRF token. A page
+with recipients or replies on it shows them redacted; its Reveal button posts to the same
+address, which records the reveal (who, when, which page) and shows the page unredacted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from service import control
 from service.ops.console import actions, data, params, security
-from service.ops.console.app_keys import ACTIONS, DOOR, POOL, TEMPLATES, operator_name
+from service.ops.console.app_keys import ACTIONS, DOOR, POOL, REF_KEY, TEMPLATES, operator_name
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Shown = Callable[[web.Request, bool], Awaitable[web.StreamResponse]]
 
 
 def render(
     request: web.Request, template: str, title: str, status: int = 200, **context: Any
 ) -> web.Response:
     operator = request.get(security.OPERATOR)
+    context.setdefault("revealed", False)
     page = (
         request.app[TEMPLATES]
         .get_template(template)
@@ -26,10 +33,27 @@ def render(
             title=title,
             operator=operator.name if operator else None,
             csrf=operator.csrf if operator else None,
+            here=request.path_qs,
             **context,
         )
     )
     return web.Response(text=page, status=status, content_type="text/html")
+
+
+def revealing(show: Shown) -> tuple[Handler, Handler]:
+    """The GET handler of a page with private data (redacted) and its POST (revealed,
+    recorded first)."""
+
+    async def get(request: web.Request) -> web.StreamResponse:
+        return await show(request, False)
+
+    async def post(request: web.Request) -> web.StreamResponse:
+        if not params.flag(await request.post(), "reveal"):
+            raise params.bad("reveal", "this page only reveals (reveal=1)")
+        await request.app[ACTIONS].reveal(operator_name(request), request.path_qs)
+        return await show(request, True)
+
+    return get, post
 
 
 async def index(request: web.Request) -> web.StreamResponse:
@@ -41,29 +65,29 @@ async def login_form(request: web.Request) -> web.StreamResponse:
 
 
 async def login(request: web.Request) -> web.StreamResponse:
+    """Name and token: a new session, or the refusal (401; 429 while the address waits)."""
+    if not security.same_origin(request):
+        return render(request, "login.html", "Log in", 403, error="cross-origin log-in refused")
     form = await request.post()
     door = request.app[DOOR]
     name = str(form.get("name", "")).strip()
-    if not security.same_origin(request) or not door.token_ok(str(form.get("token", ""))):
-        return render(request, "login.html", "Log in", 401, error="wrong token")
-    if not security.valid_name(name):
-        return render(request, "login.html", "Log in", 400, error="say who you are (a name)")
+    outcome = await door.login(request, name, str(form.get("token", "")))
+    if isinstance(outcome, security.Refusal):
+        page = render(request, "login.html", "Log in", outcome.status, error=outcome.why)
+        if outcome.retry_after is not None:
+            page.headers["Retry-After"] = str(outcome.retry_after)
+        return page
     response = web.HTTPSeeOther("/runs")
-    response.set_cookie(
-        security.COOKIE,
-        door.issue(name),
-        httponly=True,
-        samesite="Strict",
-        secure=request.secure,
-        max_age=security.SESSION_SECONDS,
-        path="/",
-    )
+    door.set_cookie(response, outcome)
     raise response
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
+    """End the session on the server (its cookie is worthless from now on)."""
+    door = request.app[DOOR]
+    await door.logout(request)
     response = web.HTTPSeeOther("/login")
-    response.del_cookie(security.COOKIE, path="/")
+    door.clear_cookie(response)
     raise response
 
 
@@ -71,13 +95,14 @@ async def runs(request: web.Request) -> web.StreamResponse:
     return render(request, "runs.html", "Runs", runs=await data.run_list(request.app[POOL]))
 
 
-async def run(request: web.Request) -> web.StreamResponse:
+async def run(request: web.Request, reveal: bool) -> web.StreamResponse:
     run_id = params.path_int(request, "run_id")
     found = await data.run_one(request.app[POOL], run_id)
     if found is None:
         raise web.HTTPNotFound(text=f"no run {run_id}")
     selection = params.missing_filter(request.query)
-    rows = await data.run_missing(request.app[POOL], run_id, selection)
+    key = request.app[REF_KEY]
+    rows = await data.run_missing(request.app[POOL], key, run_id, selection, reveal=reveal)
     more = None
     if len(rows) == data.PAGE:
         more = selection.as_query() | {"after": str(rows[-1]["id"])}
@@ -93,21 +118,24 @@ async def run(request: web.Request) -> web.StreamResponse:
         more=more,
         states=data.STATES,
         channels=data.CHANNELS,
+        revealed=reveal,
     )
 
 
-async def delivery(request: web.Request) -> web.StreamResponse:
+async def delivery(request: web.Request, reveal: bool) -> web.StreamResponse:
     delivery_id = params.path_int(request, "delivery_id")
-    found = await data.delivery(request.app[POOL], delivery_id)
+    key = request.app[REF_KEY]
+    found = await data.delivery(request.app[POOL], key, delivery_id, reveal=reveal)
     if found is None:
         raise web.HTTPNotFound(text=f"no delivery {delivery_id}")
-    return render(request, "delivery.html", f"Delivery {delivery_id}", d=found)
+    title = f"Delivery {delivery_id}"
+    return render(request, "delivery.html", title, d=found, revealed=reveal)
 
 
-async def dead(request: web.Request) -> web.StreamResponse:
+async def dead(request: web.Request, reveal: bool) -> web.StreamResponse:
     run_id = params.optional_int(request.query, "run")
     channel = params.choice(request.query, "channel", data.CHANNELS)
-    found = await data.dead(request.app[POOL], run_id, channel)
+    found = await data.dead(request.app[POOL], run_id, channel, reveal=reveal)
     found["queue_depth"] = await request.app[ACTIONS].queue_depth()
     return render(
         request,
@@ -117,6 +145,7 @@ async def dead(request: web.Request) -> web.StreamResponse:
         run_id=run_id,
         channel=channel,
         channels=data.CHANNELS,
+        revealed=reveal,
     )
 
 
@@ -151,9 +180,9 @@ async def run_action(request: web.Request) -> web.StreamResponse:
     return render(request, "run_action.html", title, result=result, run_id=run_id)
 
 
-async def destinations(request: web.Request) -> web.StreamResponse:
-    found = await data.destinations(request.app[POOL])
-    return render(request, "destinations.html", "Destinations", destinations=found)
+async def destinations(request: web.Request, reveal: bool) -> web.StreamResponse:
+    found = await data.destinations(request.app[POOL], request.app[REF_KEY], reveal=reveal)
+    return render(request, "destinations.html", "Destinations", destinations=found, revealed=reveal)
 
 
 async def switch_destination(request: web.Request) -> web.StreamResponse:
@@ -177,6 +206,11 @@ async def switch_destination(request: web.Request) -> web.StreamResponse:
     return render(request, "destination_switch.html", title, result=result, ref=ref)
 
 
+def _page(path: str, show: Shown) -> list[web.RouteDef]:
+    get, post = revealing(show)
+    return [web.get(path, get), web.post(path, post)]
+
+
 def routes() -> list[web.RouteDef]:
     return [
         web.get("/", index),
@@ -184,11 +218,11 @@ def routes() -> list[web.RouteDef]:
         web.post("/login", login),
         web.post("/logout", logout),
         web.get("/runs", runs),
-        web.get("/runs/{run_id}", run),
+        *_page("/runs/{run_id}", run),
         web.post("/runs/{run_id}/action", run_action),
-        web.get("/deliveries/{delivery_id}", delivery),
-        web.get("/dead", dead),
+        *_page("/deliveries/{delivery_id}", delivery),
+        *_page("/dead", dead),
         web.post("/replay", replay),
-        web.get("/destinations", destinations),
+        *_page("/destinations", destinations),
         web.post("/destinations/{ref}/{action:enable|disable}", switch_destination),
     ]

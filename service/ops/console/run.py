@@ -1,8 +1,10 @@
-"""Composition root of ``relay console``: settings, pool, broker publisher, the app.
+"""Composition root of ``relay console``: settings, operators, pool, broker publisher,
+sessions, metrics, the app.
 
-The replay is ``publisher.replay.Replayer``, looked up by name when the console starts
-(as the CLI looks up handlers), because the operator tools never import ``publisher``.
-Every exit path closes what it opened; SIGTERM or SIGINT stops it.
+The operators file is read before anything connects (a missing or bad one: exit 2). The
+replay is ``publisher.replay.Replayer``, looked up by name when the console starts (as the
+CLI looks up handlers), because the operator tools never import ``publisher``. Every exit
+path closes what it opened; SIGTERM or SIGINT stops it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import importlib
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiormq
@@ -20,10 +23,20 @@ import asyncpg
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
-from service import amqp, control, db, destination_switch, errors, ledger, logs, telemetry
-from service.clock import SystemClock
+from service import (
+    amqp,
+    control,
+    conventions,
+    db,
+    destination_switch,
+    errors,
+    ledger,
+    logs,
+    telemetry,
+)
+from service.clock import Clock, SystemClock
 from service.ops import destinations as ops_destinations
-from service.ops.console import actions, app, security
+from service.ops.console import actions, app, operators, refs, security, sessions, throttle
 from service.settings import Settings
 
 log = logs.get("console")
@@ -87,23 +100,65 @@ def make_queue_depth(
     return depth
 
 
+def load_operators(settings: Settings) -> operators.Operators:
+    """The operators file of the settings; ``ConfigError`` (exit 2) if it is missing or bad."""
+    if settings.console_operators_file is None:
+        raise errors.ConfigError(
+            "RELAY_CONSOLE_OPERATORS_FILE: the console needs its operators file (a line per "
+            f"operator); {operators.HOW}"
+        )
+    return operators.Operators(Path(settings.console_operators_file))
+
+
+def session_policy(settings: Settings) -> sessions.Policy:
+    return sessions.Policy(
+        idle_seconds=settings.console_session_idle_minutes * 60,
+        absolute_seconds=settings.console_session_max_hours * 3600,
+        https=settings.console_https,
+    )
+
+
 @contextlib.asynccontextmanager
 async def serving(
-    settings: Settings, door: security.Door
+    settings: Settings, known: operators.Operators, clock: Clock | None = None
 ) -> AsyncIterator[tuple[web.AppRunner, int]]:
     """The console listening on RELAY_CONSOLE_HOST:PORT; yields the runner and its port."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry
+
     switch = switching(settings)  # a bad RELAY_ALLOW_NETWORKS stops it before connecting
+    registry = CollectorRegistry(auto_describe=True)  # this console's own /metrics
+    telem = telemetry.setup("relay-console", [PrometheusMetricReader(registry=registry)])
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(telem.shutdown)
         pool = await db.create_pool(settings, size=4)
         stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
+        key = await refs.load(pool)
+        door = security.Door(
+            known,
+            sessions.Sessions(pool, clock or SystemClock(), session_policy(settings)),
+            throttle.LoginThrottle(),
+            telem.metrics.console_login_failures,
+            open_reads=settings.console_open_reads,
+            proxy_hops=settings.console_proxy_hops,
+        )
         connection, publisher = await amqp.open_publisher(settings, "relay-console")
         stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
         topology = amqp.Topology.from_settings(settings)
-        replay = make_replay(pool, publisher, connection, topology, telemetry.noop())
+        replay = make_replay(pool, publisher, connection, topology, telem.metrics)
         depth = make_queue_depth(connection, topology, settings.amqp_timeout_seconds)
         wait = control.wire_wait_seconds(settings.http_timeout_seconds)
-        console = app.build(pool, replay, depth, door, switch, wire_wait_seconds=wait)
-        runner = web.AppRunner(console, access_log=None)
+        built = app.build(
+            pool,
+            replay,
+            depth,
+            door,
+            switch,
+            key,
+            lambda accept: conventions.render_prometheus(registry, accept),
+            wire_wait_seconds=wait,
+        )
+        runner = web.AppRunner(built, access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, settings.console_host, settings.console_port)
@@ -134,14 +189,14 @@ def _port(runner: web.AppRunner) -> int:
 
 async def main(args: argparse.Namespace, settings: Settings) -> int:
     """``relay console``: serve until SIGTERM or SIGINT."""
-    door = security.Door(security.load_token(settings), open_reads=settings.console_open_reads)
+    known = load_operators(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    async with serving(settings, door) as (_, port):
+    async with serving(settings, known) as (_, port):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         url = f"http://{settings.console_host}:{port}/"
-        print(f"relay console: {url} (log in with the operator token)", flush=True)
+        print(f"relay console: {url} (log in with your name and your token)", flush=True)
         log.info("console listening", extra={"event": "console_listening", "port": port})
         try:
             await stop.wait()

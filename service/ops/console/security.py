@@ -1,38 +1,36 @@
-"""The console's door: the operator token, the session cookie, CSRF, response headers.
+"""The console's door: who is asking (a session or a bearer token), failed logins, CSRF
+and the response headers.
 
-A browser logs in once with the token and a name; the answer sets an HttpOnly,
-SameSite=Strict cookie holding the name, a random session id, the time and an HMAC of
-them keyed by the token (so rotating the token ends every session). Each session's CSRF
-token is another HMAC of its id: forms carry it, and every state-changing request must
-present it (compared with ``hmac.compare_digest``). Scripts send the token itself as
-``Authorization: Bearer`` (no cookie, so no CSRF exposure) and name themselves in
-``X-Relay-Operator``. Read pages need a session or the token unless
+Each operator logs in with their name and their own token (``operators``); the answer is
+a server-side session (``sessions``) whose cookie is ``HttpOnly``, ``SameSite=Strict``
+and, over HTTPS, ``Secure`` and ``__Host-``-prefixed. Each session has its own random CSRF
+token: forms carry it, and every state-changing request must present it (compared with
+``hmac.compare_digest``). Scripts send ``Authorization: Bearer TOKEN`` with
+``X-Relay-Operator: NAME`` (no cookie, so no CSRF exposure). A failed login (form or
+bearer) is one WARNING line (the client's address; never the token), counted in
+``relay_console_login_failures_total``; five from one address within a minute block it
+(``throttle``: 429 with ``Retry-After``). Read pages need a session or a token unless
 ``RELAY_CONSOLE_OPEN_READS`` is on.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
-import re
-import secrets
-import time
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from opentelemetry.metrics import Counter
 
-from service import errors
-from service.settings import Settings
+from service import logs
+from service.ops.console import operators as ops
+from service.ops.console import sessions as sess
+from service.ops.console import throttle as thr
 
-COOKIE = "relay_console"
-SESSION_SECONDS = 12 * 3600
-MIN_TOKEN_CHARS = 16
-_NAME = re.compile(r"^[\w.@ -]{1,64}$")
-OPEN_PATHS = ("/login", "/static/")
+log = logs.get("console")
+OPEN_PATHS = ("/login", "/static/", "/metrics")
 
 HEADERS = {
     "Content-Security-Policy": (
@@ -43,28 +41,9 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+HSTS = {"Strict-Transport-Security": "max-age=31536000"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def load_token(settings: Settings) -> str:
-    """The operator token from RELAY_CONSOLE_TOKEN or the file RELAY_CONSOLE_TOKEN_FILE."""
-    if settings.console_token_file is not None:
-        try:
-            token = settings.console_token_file.read_text("utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise errors.ConfigError(f"RELAY_CONSOLE_TOKEN_FILE: cannot read it ({exc})") from None
-        setting = "RELAY_CONSOLE_TOKEN_FILE"
-    elif settings.console_token is not None:
-        token, setting = settings.console_token.get_secret_value().strip(), "RELAY_CONSOLE_TOKEN"
-    else:
-        raise errors.ConfigError(
-            "RELAY_CONSOLE_TOKEN: the console needs an operator token "
-            "(RELAY_CONSOLE_TOKEN or RELAY_CONSOLE_TOKEN_FILE)"
-        )
-    if len(token) < MIN_TOKEN_CHARS:
-        raise errors.ConfigError(f"{setting}: the token must have {MIN_TOKEN_CHARS}+ characters")
-    return token
 
 
 @dataclass(frozen=True)
@@ -75,71 +54,145 @@ class Operator:
     csrf: str | None
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A login refused: the status (401, 429), what to say, and for 429 the wait (s)."""
+
+    status: int
+    why: str
+    retry_after: int | None = None
+
+
 class Door:
-    """Checks tokens, issues and verifies session cookies and CSRF tokens."""
+    """Logs operators in and out and tells who a request is from."""
 
-    def __init__(self, token: str, *, open_reads: bool, now: Callable[[], float] = time.time):
-        self._token = token.encode()
-        self._key = hmac.new(self._token, b"relay-console-session", hashlib.sha256).digest()
+    def __init__(
+        self,
+        operators: ops.Operators,
+        sessions: sess.Sessions,
+        throttle: thr.LoginThrottle,
+        failures: Counter,
+        *,
+        open_reads: bool = False,
+        proxy_hops: int = 0,
+    ) -> None:
+        self.operators = operators
+        self.sessions = sessions
+        self.throttle = throttle
+        self.failures = failures
         self.open_reads = open_reads
-        self._now = now
+        self.proxy_hops = proxy_hops
 
-    def token_ok(self, presented: str) -> bool:
-        return hmac.compare_digest(presented.encode(), self._token)
+    @property
+    def cookie(self) -> str:
+        return self.sessions.policy.cookie
 
-    def _sign(self, text: str) -> str:
-        return hmac.new(self._key, text.encode(), hashlib.sha256).hexdigest()
+    @property
+    def headers(self) -> dict[str, str]:
+        return HEADERS | HSTS if self.sessions.policy.https else HEADERS
 
-    def csrf_for(self, session_id: str) -> str:
-        return self._sign(f"csrf:{session_id}")
+    async def login(self, request: web.Request, name: str, token: str) -> str | Refusal:
+        """A new session's cookie value for ``name`` if ``token`` is theirs."""
+        address = thr.client_address(request, self.proxy_hops)
+        wait = self.throttle.wait_seconds(address)
+        if wait > 0:
+            return self._throttled(address, wait)
+        entry = await self.operators.verify(name, token)
+        if entry is None:
+            return self._failed(address, name)
+        self.throttle.succeeded(address)
+        return await self.sessions.open(entry.name, entry.credential)
 
-    def issue(self, name: str) -> str:
-        """A new session cookie value for ``name``."""
-        encoded = base64.urlsafe_b64encode(name.encode()).decode()
-        body = f"{encoded}.{secrets.token_hex(16)}.{int(self._now())}"
-        return f"{body}.{self._sign(body)}"
-
-    def session(self, cookie: str | None) -> Operator | None:
-        """The operator of a valid, unexpired cookie, or None."""
-        if not cookie or cookie.count(".") != 3:
+    async def bearer(self, request: web.Request) -> Operator | Refusal | None:
+        """The operator of ``Authorization: Bearer`` (None: no such header)."""
+        header = request.headers.get("Authorization")
+        if header is None:
             return None
-        body, signature = cookie.rsplit(".", 1)
-        if not hmac.compare_digest(signature, self._sign(body)):
-            return None
-        encoded, session_id, issued = body.split(".")
-        try:
-            name = base64.urlsafe_b64decode(encoded).decode()
-            expired = self._now() - int(issued) > SESSION_SECONDS
-        except (ValueError, binascii.Error, UnicodeDecodeError):
-            return None
-        return None if expired else Operator(name, self.csrf_for(session_id))
+        address = thr.client_address(request, self.proxy_hops)
+        wait = self.throttle.wait_seconds(address)
+        if wait > 0:
+            return self._throttled(address, wait)
+        name = request.headers.get("X-Relay-Operator", "").strip()
+        token = header[7:].strip() if header.startswith("Bearer ") else ""
+        entry = await self.operators.verify(name, token)
+        if entry is None:
+            return self._failed(address, name)
+        return Operator(entry.name, None)
 
-    def bearer(self, request: web.Request) -> Operator | None:
-        header = request.headers.get("Authorization", "")
-        if not header.startswith("Bearer ") or not self.token_ok(header[7:].strip()):
+    async def session(self, request: web.Request) -> Operator | None:
+        """The operator of a live session cookie, or None."""
+        cookie = request.cookies.get(self.cookie)
+        found = await self.sessions.find(cookie)
+        if found is None or cookie is None:
             return None
-        name = request.headers.get("X-Relay-Operator", "api")
-        return Operator(name if valid_name(name) else "api", None)
+        if self.operators.credential_of(found.operator) != found.credential:
+            await self.sessions.revoke(cookie, "operator_gone")  # removed, or a new token
+            return None
+        return Operator(found.operator, found.csrf)
+
+    async def logout(self, request: web.Request) -> None:
+        cookie = request.cookies.get(self.cookie)
+        if cookie:
+            await self.sessions.revoke(cookie, "logout")
+
+    def set_cookie(self, response: web.StreamResponse, value: str) -> None:
+        policy = self.sessions.policy
+        response.set_cookie(
+            self.cookie,
+            value,
+            httponly=True,
+            samesite="Strict",
+            secure=policy.https,
+            max_age=int(policy.absolute_seconds),
+            path="/",
+        )
+
+    def clear_cookie(self, response: web.StreamResponse) -> None:
+        policy = self.sessions.policy
+        response.del_cookie(self.cookie, path="/", secure=policy.https, samesite="Strict")
+
+    def _failed(self, address: str, name: str) -> Refusal:
+        blocked = self.throttle.failed(address)
+        known = name in self.operators.current()
+        self.failures.add(1, {"reason": "wrong_token"})
+        # The address and whether the name is an operator's: never the token, nor a name
+        # that is none (someone may have typed their token into it).
+        fields = {"event": "console_login_failed", "remote": address, "operator_known": known}
+        log.warning("console login failed", extra=fields | ({"operator": name} if known else {}))
+        if blocked:
+            log.warning(
+                "console logins blocked for an address",
+                extra={"event": "console_login_blocked", "remote": address, "seconds": blocked},
+            )
+        return Refusal(401, "wrong name or token")
+
+    def _throttled(self, address: str, wait: float) -> Refusal:
+        self.failures.add(1, {"reason": "throttled"})
+        log.warning(
+            "console login refused: too many failures",
+            extra={"event": "console_login_throttled", "remote": address},
+        )
+        return Refusal(429, "too many failed logins from your address", math.ceil(wait))
 
 
 # Who the request is from (None: an open read without a login).
 OPERATOR: web.RequestKey[Operator | None] = web.RequestKey("operator")
 
 
-def valid_name(name: str) -> bool:
-    return bool(_NAME.match(name))
-
-
 def is_api(request: web.Request) -> bool:
     return request.path.startswith("/api/")
 
 
-def refuse(request: web.Request, status: int, why: str) -> web.Response:
-    """401/403 as JSON for the API, as a short page otherwise."""
+def refuse(request: web.Request, refusal: Refusal) -> web.Response:
+    """The refusal as JSON for the API, as a short page otherwise."""
+    headers = {"Retry-After": str(refusal.retry_after)} if refusal.retry_after else None
     if is_api(request):
-        return web.json_response({"error": why}, status=status)
-    text = f"<!doctype html><title>Refused</title><p>{why}</p><p><a href='/login'>Log in</a></p>"
-    return web.Response(text=text, status=status, content_type="text/html")
+        return web.json_response({"error": refusal.why}, status=refusal.status, headers=headers)
+    text = (
+        f"<!doctype html><title>Refused</title><p>{refusal.why}</p>"
+        "<p><a href='/login'>Log in</a></p>"
+    )
+    return web.Response(text=text, status=refusal.status, content_type="text/html", headers=headers)
 
 
 async def csrf_ok(request: web.Request, operator: Operator) -> bool:
@@ -177,9 +230,9 @@ def middleware(door: Door) -> Middleware:
         try:
             response = await _checked(door, request, handler)
         except web.HTTPException as exc:  # a redirect or a 404 gets the headers too
-            exc.headers.update(HEADERS)
+            exc.headers.update(door.headers)
             raise
-        response.headers.update(HEADERS)
+        response.headers.update(door.headers)
         return response
 
     return guard
@@ -189,18 +242,21 @@ async def _checked(door: Door, request: web.Request, handler: Handler) -> web.St
     if request.path.startswith(OPEN_PATHS):
         return await handler(request)
     reading = request.method in ("GET", "HEAD")
-    operator = door.bearer(request) or door.session(request.cookies.get(COOKIE))
+    operator = await door.bearer(request)
+    if isinstance(operator, Refusal):
+        return refuse(request, operator)
+    operator = operator or await door.session(request)
     if operator is None:
         if reading and door.open_reads:
             request[OPERATOR] = None
             return await handler(request)
         if reading and not is_api(request):
             raise web.HTTPSeeOther("/login")
-        return refuse(request, 401, "the operator token is required")
+        return refuse(request, Refusal(401, "an operator's name and token are required"))
     if not reading:
         if not same_origin(request):
-            return refuse(request, 403, "cross-origin request refused")
+            return refuse(request, Refusal(403, "cross-origin request refused"))
         if not await csrf_ok(request, operator):
-            return refuse(request, 403, "missing or wrong CSRF token")
+            return refuse(request, Refusal(403, "missing or wrong CSRF token"))
     request[OPERATOR] = operator
     return await handler(request)
