@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 
 from service import control, db, events, ledger, runs
-from service.ops import deliveries
+from service.ops import redaction
 
 
 async def overall(pool: asyncpg.Pool) -> dict[str, Any]:
@@ -57,12 +57,13 @@ async def outbox_missing(pool: asyncpg.Pool, limit: int) -> list[dict[str, Any]]
 
 async def event_missing(pool: asyncpg.Pool, limit: int) -> list[dict[str, Any]]:
     """Events whose deliveries were not all delivered, newest first, grouped by event; a
-    destination shown as its scheme and host, as ``deliveries show`` shows it."""
+    destination and its last error redacted as ``deliveries show`` shows them
+    (``service.ops.redaction``)."""
     groups = await events.missing(pool, limit)
     for group in groups:
         for row in group["missing"]:
-            row["destination"] = deliveries.shown_destination("webhook", row["destination"])
-            row["last_error"] = deliveries.clean(row["last_error"])
+            row["destination"] = redaction.destination(row["channel"], row["destination"])
+            row["last_error"] = redaction.text(row["last_error"])
     return groups
 
 
