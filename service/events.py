@@ -128,11 +128,6 @@ async def get(
     return None if row is None else dict(row)
 
 
-async def deliveries_of(executor: Executor, event_id: int) -> list[dict[str, Any]]:
-    """An event's deliveries: destination, state, attempts, last answer."""
-    return [dict(r) for r in await executor.fetch(q("event_deliveries"), event_id)]
-
-
 async def recent(
     executor: Executor, limit: int, before_id: int | None = None, event_type: str | None = None
 ) -> list[dict[str, Any]]:

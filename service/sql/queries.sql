@@ -925,7 +925,8 @@ WHERE url = $1 AND failure_streak > 0;
 ---------------------------------------------------------------------------- console
 -- The operator console (service/ops/console) reads through these blocks; its actions go
 -- through the same ledger functions as the CLI. A destination is named in URLs only by
--- its reference (the first 16 hex digits of its SHA-256), never by the address itself.
+-- its reference (the first 16 hex digits of its keyed HMAC-SHA256, refs.py), never by the
+-- address itself.
 
 -- name: console_run_missing
 -- Who did not get it: one page of a run's deliveries not delivered, filtered by state,
@@ -1399,11 +1400,12 @@ SELECT e.id, e.key, e.event_type, e.urgent, e.created_at,
 FROM events AS e
 WHERE ($1::bigint IS NOT NULL AND e.id = $1) OR ($2::text IS NOT NULL AND e.key = $2);
 
--- name: event_deliveries
--- An event's deliveries, by destination: where each stands.
-SELECT d.id, d.idempotency_key, d.destination, dst.id AS destination_id,
-       left(encode(sha256(convert_to(coalesce(d.destination, ''), 'UTF8')), 'hex'), 16)
-           AS destination_ref,
+-- name: console_event_deliveries
+-- An event's deliveries ($1), by destination: where each stands, for the console (the
+-- reference keyed as in console_run_missing, the key's rounds in $2 and $3).
+SELECT d.id, d.idempotency_key, d.channel, d.destination, dst.id AS destination_id,
+       left(encode(sha256($3::bytea || sha256($2::bytea || convert_to(
+           coalesce(d.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref,
        coalesce(dst.state = 'disabled', false) AS destination_disabled,
        d.provider, d.state::text AS state, d.attempts, d.last_status, d.last_error,
        d.skip_reason, d.next_attempt_at, d.created_at, d.first_attempt_at, d.finished_at

@@ -312,6 +312,10 @@ async def _follow_one_event(settings: Settings, pool: asyncpg.Pool, shop: Partne
             assert f'href="/events/{event_id}"' in await page.text()
     rows = {d["id"]: d for d in found["delivery_list"]}
     assert len(rows) == 2 and rows[shop_row]["destination_disabled"] is True
+    # redacted as everywhere in the console, named by the keyed reference
+    assert rows[shop_row]["destination"] == f"http://127.0.0.1:{shop.port}"
+    assert rows[shop_row]["destination_ref"] == await cs.ref_of(pool, shop.url())
+    assert shop.url() not in html and rows[shop_row]["destination_ref"] in html
     for delivery_id in rows:
         assert f'href="/deliveries/{delivery_id}"' in html
     assert "(disabled: held)" in html
