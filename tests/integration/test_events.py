@@ -1,7 +1,8 @@
 """Events at the door, against real PostgreSQL (and the real CLI): the catalogue, the
 subscriptions, and the fan-out that ``outbox.add_event`` makes in the application's own
 transaction -- once per event key, to the subscriptions in force then, each delivery keyed
-by the event and its destination; a payload failing its type's schema refused in one line."""
+by the event and its destination; a payload failing its type's schema refused in one line;
+and the event's type reaching the webhook adapter (the envelope's ``type``)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import pytest
 from service import events, outbox
 from service.settings import Settings
 from tests.support import relay as rs
-from tests.support.receivers import keyed
+from tests.support.receivers import Receiver, delivered, keyed, receivers
 
-__all__ = ["keyed"]  # fixtures
+__all__ = ["keyed", "receivers"]  # fixtures
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -284,3 +285,28 @@ async def test_subscribe_refuses_an_unknown_destination_or_type_and_unsubscribe_
     assert again.code == 1
     await _add(pool, "o-2:paid", "order.paid", order=2)
     assert len(await _owed(pool)) == 1  # the owed one stays; nothing new
+
+
+async def test_an_enveloped_partner_gets_the_event_type_and_a_plain_one_the_payload(
+    keyed: Settings, pool: asyncpg.Pool, tmp_path: Path, receivers: list[Receiver]
+) -> None:
+    """Through publish, a consumer's claim and last check, to the webhook adapter: the
+    event's type is the envelope's ``type``; without the envelope the body is the payload."""
+    await _catalogue(keyed, tmp_path)
+    enveloped, plain = receivers
+    await _ok(keyed, "destinations", "add", enveloped.url(), "--envelope")
+    await _ok(keyed, "destinations", "add", plain.url())
+    for receiver in receivers:
+        await _ok(keyed, "destinations", "subscribe", receiver.url(), "order.*")
+    await _add(pool, "o-9:paid", "order.paid", order=9)
+    assert (await rs.relay(keyed, "publish")).code == 0
+    async with rs.consumer_in_process(keyed):
+        await rs.wait_for(lambda: delivered(pool, 2), 60, "both deliveries delivered")
+
+    [sent] = enveloped.requests
+    body = json.loads(sent.body)
+    assert (body["type"], body["data"]) == ("order.paid", {"order": 9})
+    [raw] = plain.requests
+    assert json.loads(raw.body) == {"order": 9}
+    rows = await pool.fetch("SELECT source, event_type, attempts FROM deliveries")
+    assert [tuple(r) for r in rows] == [("outbox", "order.paid", 1)] * 2
