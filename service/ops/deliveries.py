@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from service import db, entry, errors
+from service import db, entry, errors, events
 from service.ledger import State
 from service.ops import redaction
 from service.settings import Settings
@@ -72,6 +72,7 @@ def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]
     data["receipt"] = redaction.text(row["receipt"])
     data["destination"] = redaction.destination(row["channel"], row["destination"])
     data["intent"] = None
+    data["event"] = None  # filled by show() for an event's delivery
     if row["source"] == "outbox":
         data["intent"] = {"source": "outbox", "key": row["idempotency_key"]}
         data["reminder"] = None
@@ -135,6 +136,13 @@ def render_story(data: dict[str, Any]) -> str:
             f"  reminder         {r['id']}: {r['schedule'] or '-'}, "
             f"missed_policy {r['missed_policy'] or '-'}, {active}"
         )
+    elif data.get("event") is not None:
+        e = data["event"]
+        lines.append(
+            f"  event            {e['id']} {e['event_type']} {e['key']} "
+            f"({_t(e['created_at'])}; {e['deliveries']} deliveries, one per subscribed "
+            "destination)"
+        )
     else:
         lines.append("  intent           outbox (committed by an application)")
     if data["run"] is not None:
@@ -167,7 +175,9 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
             print(f"relay: no delivery with {what}", file=sys.stderr)
             return errors.ExitCode.INCOMPLETE
         attempts = list(await pool.fetch(db.q("delivery_attempts_of"), row["id"]))
+        event = None if row["event_id"] is None else await events.get(pool, row["event_id"])
     data = story(row, attempts)
+    data["event"] = event
     print(to_json(data) if args.json else render_story(data))
     return errors.ExitCode.OK
 
