@@ -7,7 +7,7 @@ Per run (fresh database and broker namespace, one ``relay consume``, the lean re
 2. run ``relay publish`` every 60 s as a CronJob would, each start delayed by a random
    0-5 s, with the default look-ahead (``RELAY_PUBLISH_LOOKAHEAD_SECONDS``): a run admits
    what falls due before the next run can, and each delivery reaches its lane at its due
-   time through the broker's timer queue;
+   time through the broker's timer ladder;
 3. when every row is delivered, read lateness from the ledger: the receiver's acceptance
    (``finished_at``) minus the occurrence's due time, per part.
 

@@ -7,17 +7,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from typing import Any
 
 import asyncpg
+from aio_pika.abc import AbstractConnection
 from opentelemetry import trace
 
-from consumer import budget, delivery, gate, isolation, reconcile, registry, retry, store, worker
+from consumer import (
+    budget,
+    delivery,
+    gate,
+    isolation,
+    overdue,
+    reconcile,
+    registry,
+    retry,
+    store,
+    worker,
+)
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
-from service import amqp, destinations, errors, netpolicy
+from service import amqp, brokers, destinations, errors, netpolicy
 from service.clock import SystemClock
 from service.crashpoints import CrashPoints
 from service.settings import Settings
@@ -257,3 +271,30 @@ async def worker_for(
         crash=crash,
         tracer=tracer,
     )
+
+
+def overdue_sweep(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    connection: AbstractConnection,
+    publisher: amqp.ConfirmedPublisher,
+    metrics: Metrics,
+) -> Coroutine[Any, Any, None] | None:
+    """The overdue sweep's loop for one broker session; None when it is turned off."""
+    if settings.overdue_sweep_seconds <= 0:
+        return None
+    count_waiting = functools.partial(
+        brokers.ready_total,
+        connection,
+        amqp.Topology.from_settings(settings).waiting_queues(),
+        settings.amqp_timeout_seconds,
+    )
+    sweep = overdue.OverdueSweep(
+        pool=pool,
+        publisher=publisher,
+        count_waiting=count_waiting,
+        metrics=metrics,
+        after_seconds=settings.overdue_after_seconds,
+        limit=settings.rescue_batch_limit,
+    )
+    return overdue.run_sweep(sweep, settings.overdue_sweep_seconds)

@@ -235,6 +235,9 @@ async def _session(
             settings.metrics_sample_seconds,
         )
         stack.push_async_callback(_cancel_task, asyncio.create_task(sampling))
+        sweeping = build.overdue_sweep(settings, parts.pool, connection, publisher, metrics)
+        if sweeping is not None:
+            stack.push_async_callback(_cancel_task, asyncio.create_task(sweeping))
         log.info("consuming", extra={"event": "consume_started", "prefetch": settings.prefetch})
 
         await halt.wait()

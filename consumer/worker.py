@@ -370,9 +370,12 @@ class Worker:
         if row.state in ledger.FINAL_STATES:
             # Already final: a redelivery or a rescue duplicate. Never send again.
             self._metrics.duplicates.add(1, {"state": row.state.value})
+            if row.republished:  # the overdue sweep's copy, or the original it presumed lost
+                self._metrics.overdue_duplicates.add(1)
+            fields = {"event": "duplicate", "delivery_id": row.id, "state": row.state.value}
             log.info(
                 "duplicate message for a final row acked without sending",
-                extra={"event": "duplicate", "delivery_id": row.id, "state": row.state.value},
+                extra={**fields, "republished": row.republished},
             )
             return Ack()
         # Held by a live claim (sending), waiting for its retry time (retrying) or not due

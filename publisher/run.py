@@ -25,11 +25,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
-from aio_pika.abc import AbstractConnection
 from opentelemetry import trace
 
 from publisher.plan import plan_batch
-from service import admission, amqp, brokers, db, errors, ledger, logs, runs, telemetry
+from service import admission, amqp, brokers, db, errors, ledger, logs, recovery, runs, telemetry
 from service.clock import Clock
 from service.ledger import State
 from service.progress import Progress
@@ -196,7 +195,7 @@ class PublishRun:
     async def _rescue(self) -> None:
         if self._publisher is None:
             return
-        rows = await ledger.select_rescue(
+        rows = await recovery.select_rescue(
             self._pool, self._settings.rescue_after_seconds, self._settings.rescue_batch_limit
         )
         if not rows:
@@ -205,7 +204,7 @@ class PublishRun:
             # Rescue republishes only what the queues lack: consumers that are down
             # leave every row's message waiting, and copying them again would only
             # pile duplicates behind them.
-            owed = await ledger.open_owed_count(self._pool)
+            owed = await recovery.open_owed_count(self._pool)
             waiting = await self._count_waiting()
             room = max(0, owed - waiting)
             if room < len(rows):
@@ -221,7 +220,7 @@ class PublishRun:
         confirmed, failed = await self._publisher.publish_many(rows, self._headers)
         progress.update(len(rows), len(rows))
         progress.finish()
-        await ledger.mark_rescued(self._pool, confirmed)
+        await recovery.mark_rescued(self._pool, confirmed)
         self.counts.rescued += len(confirmed)
         self.counts.failed += len(failed)
         self._metrics.rescues.add(len(confirmed))
@@ -237,7 +236,7 @@ class PublishRun:
 
     async def _publish(self, items: list[tuple[int, bool, datetime]]) -> None:
         """Publish rows so each reaches its lane when it falls due (those admitted ahead
-        through the timer queue), in due order, and mark confirmed ones queued."""
+        through the timer ladder), soonest due first, and mark confirmed ones queued."""
         if not items:
             return
         if self._publisher is None:
@@ -292,25 +291,6 @@ class PublishRun:
             log.error("could not record the run's end", extra={"event": "run_record_failed"})
 
 
-async def _waiting_messages(
-    connection: AbstractConnection, topology: amqp.Topology, timeout_seconds: float
-) -> int:
-    """Messages ready in the lanes, the timer and the delay tiers now (not those held by
-    consumers): what rescue compares the rows owed against."""
-    async with asyncio.timeout(timeout_seconds):
-        channel = await connection.channel()
-        try:
-            total = 0
-            names = [topology.lane_queue(lane) for lane in (amqp.BULK, amqp.URGENT)]
-            names += [topology.timer_queue]
-            names += [topology.delay_queue(t) for t in topology.delay_tiers_seconds]
-            for name in names:
-                total += await brokers.ready_count(channel, name)
-            return total
-        finally:
-            await channel.close()
-
-
 async def run(
     settings: Settings,
     *,
@@ -337,9 +317,11 @@ async def run(
             )
         else:
             stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
-            topology = amqp.Topology.from_settings(settings)
             count_waiting = functools.partial(
-                _waiting_messages, connection, topology, settings.amqp_timeout_seconds
+                brokers.ready_total,
+                connection,
+                amqp.Topology.from_settings(settings).waiting_queues(),
+                settings.amqp_timeout_seconds,
             )
         return await PublishRun(
             settings=settings,

@@ -8,11 +8,9 @@ Topology, all durable, names prefixed by the namespace (default ``relay``):
 - ``<ns>.delay`` (headers) routes by header ``x-relay-tier`` to one quorum queue per
   delay tier, ``<ns>.delay.<ms>ms``, whose TTL dead-letters back to ``<ns>.work`` with the
   message's own routing key, i.e. back to its lane. No broker plugin is needed.
-- ``<ns>.timer`` (direct) -> ``<ns>.timer`` (a classic queue): a delivery admitted before
-  it is due waits there with a per-message expiration and dead-letters to ``<ns>.work``
-  with its lane's routing key at its due time. Classic, not quorum: a classic queue
-  expires its head to the millisecond, a quorum queue only about once a second. Messages
-  are published in due order, so the head is always the next one due.
+- ``<ns>.timer.<ms>ms``: the timer ladder (``service/timer.py``). A delivery admitted
+  before it is due waits in classic queues of fixed TTL and reaches ``<ns>.work`` with its
+  lane's routing key at its due time (rounded up to 50 ms), never held back by another.
 - ``<ns>.dlx`` (fanout) -> ``<ns>.dead-letters``, read by ``relay replay``.
 
 Every publish is persistent, ``mandatory`` and confirmed: an unroutable message is an
@@ -31,7 +29,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from service import alarms, brokers, errors, messages, servers
+from service import alarms, brokers, errors, messages, servers, timer
 from service.settings import Settings
 
 # A delivery due sooner than this goes straight to its lane.
@@ -72,12 +70,12 @@ class Topology:
         return f"{self.namespace}.delay"
 
     @property
-    def timer_exchange(self) -> str:
-        return f"{self.namespace}.timer"
+    def timer_entrance(self) -> str:
+        return timer.entrance(self.namespace)
 
     @property
-    def timer_queue(self) -> str:
-        return f"{self.namespace}.timer"
+    def timer_queues(self) -> list[str]:
+        return timer.queues(self.namespace)
 
     @property
     def dead_exchange(self) -> str:
@@ -102,12 +100,16 @@ class Topology:
         fitting = [t for t in self.delay_tiers_seconds if t <= remaining_seconds]
         return fitting[-1] if fitting else self.delay_tiers_seconds[0]
 
+    def waiting_queues(self) -> list[str]:
+        """The queues an owed delivery's message waits in: lanes, timer ladder, delay tiers."""
+        return [q for q in self.all_queues() if q != self.dead_queue]
+
     def all_queues(self) -> list[str]:
         return [
             self.lane_queue(BULK),
             self.lane_queue(URGENT),
             self.dead_queue,
-            self.timer_queue,
+            *self.timer_queues,
             *(self.delay_queue(t) for t in self.delay_tiers_seconds),
         ]
 
@@ -176,17 +178,7 @@ async def declare(channel: AbstractChannel, topology: Topology) -> None:
         channel, topology.dead_queue, {}, topology.quorum_group_size
     )
     await dead.bind(dlx)
-    timer_exchange = await channel.declare_exchange(
-        topology.timer_exchange, aio_pika.ExchangeType.DIRECT, durable=True
-    )
-    timer = await brokers.declare_classic(
-        channel,
-        topology.timer_queue,
-        {"x-queue-type": "classic", "x-dead-letter-exchange": topology.work_exchange},
-    )
-    for lane in (BULK, URGENT):
-        if timer is not None:  # None: its node is down (bound when it was declared)
-            await timer.bind(timer_exchange, routing_key=lane)
+    await timer.declare(channel, topology.namespace, work)
     for tier in topology.delay_tiers_seconds:
         tier_queue = await brokers.declare_quorum(
             channel,
@@ -212,11 +204,15 @@ class ConfirmedPublisher:
         topology: Topology,
         *,
         max_in_flight: int,
+        timer_max_in_flight: int,
         confirm_timeout_seconds: float,
     ) -> None:
         self._channel = channel
         self._topology = topology
         self._in_flight = asyncio.Semaphore(max_in_flight)
+        # A ladder level's TTL runs from when the broker takes the message (so the wait is
+        # taken as it goes out): one queued in the broker's intake behind many starts late.
+        self._timer_in_flight = asyncio.Semaphore(min(max_in_flight, timer_max_in_flight))
         self._timeout = confirm_timeout_seconds
         self._exchanges: dict[str, AbstractExchange] = {}
         self.blocked: alarms.Blocked | None = None  # set: time blocked is not confirm time
@@ -230,6 +226,7 @@ class ConfirmedPublisher:
             channel,
             topology,
             max_in_flight=settings.publish_max_in_flight,
+            timer_max_in_flight=settings.publish_timer_max_in_flight,
             confirm_timeout_seconds=settings.publish_confirm_timeout_seconds,
         )
 
@@ -239,58 +236,61 @@ class ConfirmedPublisher:
         return self._exchanges[name]
 
     async def _publish(
-        self,
-        exchange_name: str,
-        routing_key: str,
-        body: bytes,
-        headers: Mapping[str, Any],
-        expiration_seconds: float | None = None,
+        self, exchange_name: str, routing_key: str, body: bytes, headers: Mapping[str, Any]
     ) -> None:
+        async with self._in_flight:
+            await self._send(exchange_name, routing_key, body, headers)
+
+    async def _send(
+        self, exchange_name: str, routing_key: str, body: bytes, headers: Mapping[str, Any]
+    ) -> None:
+        """Publish one message and wait for its confirm (the caller holds a slot)."""
         exchange = await self._exchange(exchange_name)
         message = aio_pika.Message(
             body,
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             headers=dict(headers),
-            expiration=expiration_seconds,
         )
-        async with self._in_flight:
-            try:
-                publishing = exchange.publish(message, routing_key, mandatory=True)
-                await alarms.confirmed(publishing, self._timeout, self.blocked)
-            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
-                raise errors.PublishError(f"publish not confirmed: {type(exc).__name__}") from exc
+        try:
+            publishing = exchange.publish(message, routing_key, mandatory=True)
+            await alarms.confirmed(publishing, self._timeout, self.blocked)
+        except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+            raise errors.PublishError(f"publish not confirmed: {type(exc).__name__}") from exc
 
     async def publish_delivery(
         self, delivery_id: int, *, urgent: bool, headers: Mapping[str, Any] | None = None
     ) -> None:
         """Publish one delivery to its lane and wait for the broker's confirm."""
-        await self._publish(
-            self._topology.work_exchange,
-            lane_of(urgent),
-            messages.encode(delivery_id),
-            headers or {},
-        )
+        body, lane = messages.encode(delivery_id), lane_of(urgent)
+        await self._publish(self._topology.work_exchange, lane, body, headers or {})
 
     async def publish_due(
         self, delivery_id: int, *, urgent: bool, due_in_seconds: float, headers: Mapping[str, Any]
     ) -> None:
         """Publish one delivery so that it reaches its lane when it falls due: at once if
-        it is due, else through the timer queue. Callers publish in due order. If the timer
-        returns it unroutable (its node is down: a classic queue is not replicated), it
-        hops through the delay tiers instead, and the consumer holds it until due."""
-        if due_in_seconds <= _DUE_NOW_SECONDS:
-            await self.publish_delivery(delivery_id, urgent=urgent, headers=headers)
-            return
+        it is due, else through the timer ladder (``service/timer.py``). If the ladder
+        returns it unroutable (a level's node is down: classic queues are not replicated),
+        it hops through the delay tiers instead, and the consumer holds it until due."""
+        loop = asyncio.get_running_loop()
+        due_at = loop.time() + due_in_seconds
         body, lane = messages.encode(delivery_id), lane_of(urgent)
-        try:
-            await self._publish(self._topology.timer_exchange, lane, body, headers, due_in_seconds)
-        except errors.PublishError as exc:
-            if not isinstance(exc.__cause__, aiormq.exceptions.PublishError):
-                raise
-            await self.publish_delayed(
-                body, lane=lane, remaining_seconds=due_in_seconds, headers=headers
-            )
+        if due_in_seconds <= _DUE_NOW_SECONDS:
+            return await self._publish(self._topology.work_exchange, lane, body, headers)
+        async with self._timer_in_flight, self._in_flight:
+            remaining = due_at - loop.time()
+            if remaining <= _DUE_NOW_SECONDS:
+                await self._send(self._topology.work_exchange, lane, body, headers)
+                return
+            try:
+                ladder = {**headers, **timer.headers_for(remaining)}
+                await self._send(self._topology.timer_entrance, lane, body, ladder)
+                return
+            except errors.PublishError as exc:
+                if not isinstance(exc.__cause__, aiormq.exceptions.PublishError):
+                    raise
+        remaining = max(due_at - loop.time(), 0.0)
+        await self.publish_delayed(body, lane=lane, remaining_seconds=remaining, headers=headers)
 
     async def publish_many(
         self,
@@ -298,7 +298,8 @@ class ConfirmedPublisher:
         headers: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], list[int]]:
         """Publish (delivery_id, urgent[, seconds until due]) pipelined, in the given
-        order; return (confirmed, failed) ids. Items not due yet go through the timer."""
+        order; return (confirmed, failed) ids. Items not due yet go through the timer
+        ladder, each with the wait left when it goes out."""
         ids: list[int] = []
         tasks: list[asyncio.Task[None]] = []
         for delivery_id, urgent, *due in items:
@@ -395,4 +396,5 @@ async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:
         await channel.queue_delete(queue)
     for exchange in (topology.work_exchange, topology.delay_exchange, topology.dead_exchange):
         await channel.exchange_delete(exchange)
-    await channel.exchange_delete(topology.timer_exchange)
+    for exchange in topology.timer_queues:  # each level's exchange has its queue's name
+        await channel.exchange_delete(exchange)

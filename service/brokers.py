@@ -10,12 +10,13 @@ queue (classic, not replicated) is skipped while the node it lives on is down.
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
 
 from service import logs
 
@@ -115,3 +116,19 @@ async def ready_count(channel: AbstractChannel, name: str) -> int:
         await channel.reopen()  # the refusal closed the channel
         return 0
     return queue.declaration_result.message_count or 0
+
+
+async def ready_total(
+    connection: AbstractConnection, names: Iterable[str], timeout_seconds: float
+) -> int:
+    """Messages ready in these queues now (not those held by consumers), on a channel of
+    its own, within the deadline."""
+    async with asyncio.timeout(timeout_seconds):
+        channel = await connection.channel()
+        try:
+            total = 0
+            for name in names:
+                total += await ready_count(channel, name)
+            return total
+        finally:
+            await channel.close()

@@ -127,6 +127,9 @@ class Unclaimable:
     dead_letter_missing: bool = False
     # 'pending'/'queued' and not due yet: how long until it is (database clock).
     early_seconds: float = 0.0
+    # The overdue sweep republished its message at least once (a duplicate is then harmless
+    # and expected: the original came after all).
+    republished: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ _CONFLICT_RETRIES = 3
 T = TypeVar("T")
 
 
-async def _retry_on_conflict(statement: Callable[[], Awaitable[T]]) -> T:
+async def retry_on_conflict(statement: Callable[[], Awaitable[T]]) -> T:
     """Run a statement that locks several rows; again if it lost a deadlock.
 
     Every such statement locks in id order, so a deadlock needs an outside party (an
@@ -221,7 +224,7 @@ async def claim(
     The claim is one statement (atomic on its own); the look-up of the rest runs after it,
     so it sees the claim's result.
     """
-    rows = await _retry_on_conflict(lambda: conn.fetch(q("claim"), list(ids), lease_seconds))
+    rows = await retry_on_conflict(lambda: conn.fetch(q("claim"), list(ids), lease_seconds))
     claimed = {r["id"]: _claimed(r) for r in rows}
     rest = [i for i in ids if i not in claimed]
     others: dict[int, Unclaimable] = {}
@@ -238,6 +241,7 @@ async def claim(
                 last_error=r["last_error"],
                 dead_letter_missing=r["dead_letter_missing"],
                 early_seconds=r["early_seconds"],
+                republished=r["republished"],
             )
     return claimed, others
 
@@ -277,7 +281,7 @@ async def complete(conn: Connection, completions: Sequence[Completion]) -> set[t
         [r.possibly_delivered for r in records],
         [_clip(r.provider_message_id, 128) for r in records],
     )
-    rows = await _retry_on_conflict(lambda: conn.fetch(q("complete"), *args))
+    rows = await retry_on_conflict(lambda: conn.fetch(q("complete"), *args))
     return {(r["id"], r["attempt"]) for r in rows}
 
 
@@ -300,7 +304,7 @@ async def cancel_reminder(executor: Executor, reminder_id: str) -> bool:
 async def mark_queued(executor: Executor, ids: Sequence[int]) -> None:
     """pending -> queued, for ids whose publish the broker confirmed."""
     if ids:
-        await _retry_on_conflict(lambda: executor.execute(q("mark_queued"), list(ids)))
+        await retry_on_conflict(lambda: executor.execute(q("mark_queued"), list(ids)))
 
 
 async def select_pending(
@@ -311,30 +315,11 @@ async def select_pending(
     return [(r["id"], r["urgent"], r["occurrence_at"]) for r in rows]
 
 
-async def select_rescue(
-    executor: Executor, overdue_seconds: float, limit: int
-) -> list[tuple[int, bool]]:
-    """Rows whose message is presumed lost (see the query), oldest overdue first."""
-    rows = await executor.fetch(q("select_rescue"), overdue_seconds, limit)
-    return [(r["id"], r["urgent"]) for r in rows]
-
-
-async def mark_rescued(executor: Executor, ids: Sequence[int]) -> None:
-    """Stamp rows whose rescue publish was confirmed; rescue skips them for an interval."""
-    if ids:
-        await _retry_on_conflict(lambda: executor.execute(q("mark_rescued"), list(ids)))
-
-
-async def open_owed_count(executor: Executor) -> int:
-    """Rows whose message should be in a queue now (queued, sending, retrying)."""
-    return int(await executor.fetchval(q("open_owed_count")))
-
-
 async def reset_for_replay(executor: Executor, ids: Sequence[int]) -> list[tuple[int, bool]]:
     """dead -> pending for another round of attempts; (id, urgent) of the rows reset."""
     if not ids:
         return []
-    rows = await _retry_on_conflict(lambda: executor.fetch(q("reset_for_replay"), list(ids)))
+    rows = await retry_on_conflict(lambda: executor.fetch(q("reset_for_replay"), list(ids)))
     return [(r["id"], r["urgent"]) for r in rows]
 
 

@@ -63,6 +63,23 @@ The connection needs the json/jsonb codecs: a connection from
 ``service.db.create_pool`` has them; for your own connections see
 :func:`prepare_connection`.
 
+**Events** (:func:`add_event`): one business event for every partner that subscribed to
+its type, instead of one intent for one destination::
+
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(..., shipment_id)      # the state change
+        await outbox.add_event(
+            conn,
+            key=f"shipment:{shipment_id}:delayed",
+            event_type="shipment.delayed",
+            payload={"shipment": shipment_id, "eta": "2026-03-02T10:00:00Z"},
+        )
+
+The event and one delivery per subscribed destination are written in this transaction
+(``service.events``). The type must be in the catalogue (``relay event-types add``) and the
+payload must satisfy its JSON Schema, if it has one; else nothing is written and
+:class:`InvalidIntentError` names the field.
+
 This module owns the intent's validation and the one insert. Its SQL is the named
 block ``insert_outbox_intent`` in ``sql/queries.sql``.
 """
@@ -74,7 +91,7 @@ from typing import Any, Literal, get_args
 
 import asyncpg
 
-from service import destinations, entry, errors, ledger, netpolicy
+from service import destinations, entry, errors, event_schema, events, ledger, netpolicy
 from service.db import q
 
 OutboxChannel = Literal["webhook", "email", "sms"]
@@ -198,6 +215,64 @@ async def add_intent(
     return await _insert(conn, key, channel, destination, payload, provider, urgent, event_type)
 
 
+async def add_event(
+    conn: ledger.Connection,
+    *,
+    key: str,
+    event_type: str,
+    payload: dict[str, Any],
+    urgent: bool = False,
+) -> events.Recorded | None:
+    """Record one business event inside the caller's open transaction, with one delivery
+    per destination subscribed to its type (the module docstring shows the call).
+
+    ``key`` is the event's business identity (``"shipment:<id>:delayed"``): a key recorded
+    before inserts nothing, so a retried transaction fans the event out once; each
+    delivery's key is ``event:<key>:<destination id>``. ``urgent`` sends the deliveries
+    through the urgent lane.
+
+    Returns the event's id and how many deliveries it made (0: nobody subscribes), or None
+    when the key was recorded before.
+
+    Raises:
+        NoTransactionError: ``conn`` has no open transaction; nothing is written.
+        InvalidIntentError: the key, type or payload is refused, in one line naming the
+            argument or the payload's field (never quoting a value); nothing is written.
+        asyncpg.PostgresError: from the insert; the caller's transaction is then aborted.
+    """
+    if not conn.is_in_transaction():
+        raise NoTransactionError(
+            "outbox.add_event must run inside the caller's open transaction "
+            "(async with conn.transaction(): ...)"
+        )
+    problem = entry.identifier_problem(key, events.MAX_KEY_CHARS)
+    if problem is not None:
+        raise InvalidIntentError(f"key: {problem}")
+    if (problem := events.type_name_problem(event_type)) is not None:
+        raise InvalidIntentError(f"event_type: {problem}")
+    if (problem := entry.payload_problem("webhook", payload, "")) is not None:
+        raise InvalidIntentError(problem)
+    known, schema = await events.schema_of(conn, event_type)
+    if not known:
+        raise InvalidIntentError(
+            f"event_type: {event_type} is not in the catalogue "
+            f"(add it with `relay event-types add {event_type}`)"
+        )
+    if (problem := event_schema.payload_problem(schema, payload, event_type)) is not None:
+        raise InvalidIntentError(problem)
+    try:
+        return await events.record(conn, key, event_type, payload, urgent)
+    except asyncpg.DataError:
+        pass  # client-side encoding failed: raised below, unchained (the driver quotes it)
+    raise InvalidIntentError(_NO_CODEC)
+
+
+_NO_CODEC = (
+    "payload could not be encoded as jsonb: the connection needs the json/jsonb "
+    "codecs (use service.db.create_pool, or await outbox.prepare_connection(conn))"
+)
+
+
 async def _insert(
     conn: ledger.Connection,
     key: str,
@@ -229,8 +304,5 @@ async def _insert(
     if not encoded:
         # Raised outside the handler so the driver's error, which quotes the payload,
         # is not chained to this one and cannot reach a log line.
-        raise InvalidIntentError(
-            "payload could not be encoded as jsonb: the connection needs the json/jsonb "
-            "codecs (use service.db.create_pool, or await outbox.prepare_connection(conn))"
-        )
+        raise InvalidIntentError(_NO_CODEC)
     return None if delivery_id is None else int(delivery_id)

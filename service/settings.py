@@ -15,18 +15,25 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict, SettingsError
 
-from service import channel_settings, console_settings, errors, receipt_settings, servers
+from service import (
+    budget_settings,
+    channel_settings,
+    console_settings,
+    errors,
+    receipt_settings,
+    recovery_settings,
+    servers,
+)
 
-_NUMBER = r"\d+(\.\d+)?"
-_BUDGET = rf"\s*[\w.-]+={_NUMBER}(/{_NUMBER})?\s*"
-_BUDGETS = re.compile(rf"^({_BUDGET}(,{_BUDGET})*)?$")
 _ATTEMPTS = re.compile(r"^(\s*[a-z]+=\d+\s*(,\s*[a-z]+=\d+\s*)*)?$")
 
 
 class Settings(
+    budget_settings.BudgetSettings,
     channel_settings.ChannelSettings,
     console_settings.ConsoleSettings,
     receipt_settings.ReceiptSettings,
+    recovery_settings.RecoverySettings,
 ):
     """All configuration. Environment variable = ``RELAY_`` + upper-cased field name."""
 
@@ -127,6 +134,14 @@ class Settings(
     publish_max_in_flight: int = Field(
         default=1000, ge=1, le=20_000, description="Unconfirmed publishes allowed at once."
     )
+    publish_timer_max_in_flight: int = Field(
+        default=200,
+        ge=1,
+        le=20_000,
+        description="Of those, into the timer ladder: a wait starts when the broker takes the "
+        "message, so a deep intake makes look-ahead deliveries late; a shallow one publishes "
+        "more slowly.",
+    )
     publish_confirm_timeout_seconds: float = Field(
         default=15.0, gt=0, description="How long to wait for one publisher confirm (s)."
     )
@@ -135,7 +150,7 @@ class Settings(
         ge=0,
         le=3600,
         description="A publish run also admits occurrences due this far ahead and hands "
-        "them to the broker's timer queue, so each becomes deliverable at its due time "
+        "them to the broker's timer ladder, so each becomes deliverable at its due time "
         "(s). Sized for a minutely CronJob plus its start-up; 0: admit only what is due.",
     )
     misfire_grace_seconds: float = Field(
@@ -218,55 +233,6 @@ class Settings(
         "largest tier not longer than what remains.",
     )
 
-    # --- budgets and isolation --------------------------------------------------------
-    budgets: str = Field(
-        default="",
-        description="Rate budgets per provider shared by all replicas: "
-        "'provider=rate[/burst],...' in messages per second, e.g. 'webhook=50/5,email=10'. "
-        "A provider without one is not rate-limited (a throttle answer still pauses it).",
-    )
-    budget_urgent_reserve: float = Field(
-        default=0.2,
-        ge=0,
-        le=1,
-        description="Share of each budget's burst that bulk sends leave for the urgent lane.",
-    )
-    budget_max_wait_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        description="Longest a claimed send waits for budget before it is deferred (s).",
-    )
-    destination_max_share: float = Field(
-        default=0.25,
-        gt=0,
-        le=1,
-        description="Share of the prefetch one destination may use at once; more waits "
-        "for a slot (see destination_wait_seconds), then is deferred.",
-    )
-    destination_wait_seconds: float = Field(
-        default=1.0,
-        ge=0,
-        description="Longest a send waits for a slot of its destination's share before it is "
-        "deferred (s); at most a share's worth of sends wait. 0: defer at once.",
-    )
-    breaker_failure_threshold: int = Field(
-        default=5, ge=1, description="Consecutive failures that open a destination's circuit."
-    )
-    breaker_cooldown_seconds: float = Field(
-        default=30.0, gt=0, description="How long an open circuit defers sends (s)."
-    )
-
-    # --- rescue -------------------------------------------------------------------
-    rescue_after_seconds: float = Field(
-        default=900.0,
-        gt=0,
-        description="A queued/retrying row whose message should have arrived this long ago "
-        "is published again by rescue (s).",
-    )
-    rescue_batch_limit: int = Field(
-        default=5000, ge=1, description="Most rows one rescue pass republishes."
-    )
-
     # --- operators ------------------------------------------------------------------
     run_hold_recheck_seconds: float = Field(
         default=30.0,
@@ -310,13 +276,6 @@ class Settings(
                 f"RELAY_HTTP_TIMEOUT_SECONDS ({self.http_timeout_seconds})"
             )
         return self
-
-    @field_validator("budgets")
-    @classmethod
-    def _budgets_syntax(cls, value: str) -> str:
-        if not _BUDGETS.match(value):
-            raise ValueError("expected provider=rate[/burst],... e.g. webhook=50/5,email=10")
-        return value
 
     @field_validator("max_attempts_per_channel")
     @classmethod

@@ -58,6 +58,8 @@ class Metrics:
     redelays: Counter
     poison: Counter
     destinations_disabled: Counter
+    overdue_republished: Counter
+    overdue_duplicates: Counter
     # Publish runs, rescue and replay: recorded by the publisher's commands.
     replays: Counter
     rescues: Counter
@@ -124,6 +126,8 @@ class _DeliveryInstruments(TypedDict):
     redelays: Counter
     poison: Counter
     destinations_disabled: Counter
+    overdue_republished: Counter
+    overdue_duplicates: Counter
 
 
 class _RunInstruments(TypedDict):
@@ -192,6 +196,17 @@ def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
         ),
         destinations_disabled=meter.create_counter(
             "relay.destinations.disabled", "{destination}", "Destinations disabled, by reason"
+        ),
+        overdue_republished=meter.create_counter(
+            "relay.overdue.republished",
+            "{delivery}",
+            "Queued rows not claimed in time whose message the overdue sweep republished",
+        ),
+        overdue_duplicates=meter.create_counter(
+            "relay.overdue.duplicates",
+            "{message}",
+            "Messages for a republished row that came after it was final: its first message "
+            "was not lost after all (harmless)",
         ),
     )
 

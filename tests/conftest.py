@@ -46,6 +46,26 @@ def _reachable(url: str, default_port: int) -> bool:
         return False
 
 
+# Fixtures that start a server once for a whole module: under pytest-xdist that module's
+# tests stay on one worker (one node per module, not one per worker).
+_MODULE_SERVERS = {"module_rabbit", "module_cluster"}
+# Where a test lives says roughly how long it takes: the slow ones start first, so no
+# worker is left running a long fault test alone at the end of a parallel run.
+_ORDER = ("tests/fault/", "tests/integration/", "tests/deploy/", "tests/unit/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid
+        return next((i for i, prefix in enumerate(_ORDER) if path.startswith(prefix)), 0)
+
+    items.sort(key=rank)  # stable: file order within each folder
+    for item in items:
+        if _MODULE_SERVERS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session")
 def servers_up() -> None:
     missing = [
@@ -140,6 +160,9 @@ def settings(db_name: str, namespace: str, tmp_path: object) -> Settings:
         health_port=0,
         shutdown_grace_seconds=10.0,
         rescue_after_seconds=30.0,
+        # Tests run side by side (pytest-xdist workers, and maybe a second suite) on one
+        # server with 100 connections; some start a dozen relay processes at once.
+        database_pool_size=4,
         state_dir=tmp_path,  # type: ignore[arg-type]
     )
 

@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 import uvloop
 
 from service import errors, logs, settings
-from service.ops import cli_operators, cli_receipts
+from service.ops import cli_events, cli_operators, cli_receipts
 from service.ops.console import cli_args as console_args
 
 _log = logs.get("cli")
@@ -58,6 +58,7 @@ HANDLERS = {
     "consume": "consumer.commands:consume",
     **cli_operators.HANDLERS,
     **cli_receipts.HANDLERS,
+    **cli_events.HANDLERS,
     **console_args.HANDLERS,
 }
 
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_consume(sub)
     _add_status(sub)
     _add_destinations(sub)
+    cli_events.add(sub, _command)
     cli_operators.add(sub, _command)
     _command(sub, "pause", "pause admission: publish runs record and exit", "relay pause")
     _command(sub, "resume", "resume admission", "relay resume")

@@ -191,23 +191,33 @@ async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return errors.ExitCode.OK
 
 
+async def _status_missing(
+    args: argparse.Namespace, pool: asyncpg.Pool, receipt_wait_seconds: float
+) -> int:
+    """``relay status --missing``: who did not get it, of the run (the latest that admitted
+    anything, by default), of the outbox intents and, grouped by event, of the events; an
+    accepted e-mail or SMS says how long its provider has had it without a receipt."""
+    run_id = args.run or await runs.latest_with_work(pool)
+    rows = [] if run_id is None else await status_mod.missing(pool, run_id, args.limit)
+    outbox = await status_mod.outbox_missing(pool, args.limit)
+    by_event = await status_mod.event_missing(pool, args.limit)
+    if run_id is None and not outbox and not by_event:
+        print("relay: no publish runs yet", file=sys.stderr)
+        return errors.ExitCode.INCOMPLETE
+    found = {"run_id": run_id, "missing": rows, "outbox_missing": outbox, "event_missing": by_event}
+    print(
+        status_mod.to_json(found)
+        if args.json
+        else status_mod.render_missing(run_id, rows, outbox, by_event, receipt_wait_seconds)
+    )
+    return errors.ExitCode.OK
+
+
 async def status(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         now = await pool.fetchval(db.q("db_now"))
         if args.missing:
-            run_id = args.run or await runs.latest_with_work(pool)
-            if run_id is None:
-                print("relay: no publish runs yet", file=sys.stderr)
-                return errors.ExitCode.INCOMPLETE
-            rows = await status_mod.missing(pool, run_id, args.limit)
-            outbox = await status_mod.outbox_missing(pool, args.limit)
-            wait = settings.receipt_wait_seconds
-            print(
-                status_mod.to_json({"run_id": run_id, "missing": rows, "outbox_missing": outbox})
-                if args.json
-                else status_mod.render_missing(run_id, rows, outbox, wait)
-            )
-            return errors.ExitCode.OK
+            return await _status_missing(args, pool, settings.receipt_wait_seconds)
         reports = await runs.reports(
             pool,
             args.run,

@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from service import db, entry, errors, receipts, reconciliations
+from service import db, entry, errors, events, receipts, reconciliations
 from service.ledger import State
 from service.ops import redaction
 from service.settings import Settings
@@ -77,6 +77,7 @@ def story(
     data["receipt"] = redaction.text(row["receipt"])
     data["destination"] = redaction.destination(row["channel"], row["destination"])
     data["intent"] = None
+    data["event"] = None  # filled by show() for an event's delivery
     if row["source"] == "outbox":
         data["intent"] = {"source": "outbox", "key": row["idempotency_key"]}
         data["reminder"] = None
@@ -142,6 +143,13 @@ def render_story(data: dict[str, Any]) -> str:
         lines.append(
             f"  reminder         {r['id']}: {r['schedule'] or '-'}, "
             f"missed_policy {r['missed_policy'] or '-'}, {active}"
+        )
+    elif data.get("event") is not None:
+        e = data["event"]
+        lines.append(
+            f"  event            {e['id']} {e['event_type']} {e['key']} "
+            f"({_t(e['created_at'])}; {e['deliveries']} deliveries, one per subscribed "
+            "destination)"
         )
     else:
         lines.append("  intent           outbox (committed by an application)")
@@ -224,7 +232,9 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
         attempts = list(await pool.fetch(db.q("delivery_attempts_of"), row["id"]))
         found = await receipts.of_delivery(pool, row["id"])
         reconciled = await reconciliations.of_delivery(pool, row["id"])
+        event = None if row["event_id"] is None else await events.get(pool, row["event_id"])
     data = story(row, attempts, found, reconciled)
+    data["event"] = event
     print(to_json(data) if args.json else render_story(data))
     return errors.ExitCode.OK
 

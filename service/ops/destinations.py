@@ -18,9 +18,9 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from service import db, destination_switch, destinations, errors, netpolicy
+from service import db, destination_switch, destinations, errors, netpolicy, subscriptions
 from service.clock import SystemClock
-from service.ops import cli_operators
+from service.ops import cli_events, cli_operators
 from service.settings import Settings
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -92,6 +92,7 @@ def add_parser(sub: Subcommands, command: Command) -> None:
             cli_operators.add_operator(parser)
         elif name == "envelope":
             parser.add_argument("setting", choices=["on", "off"], help="on or off")
+    cli_events.add_subscribe(dsub, command)
 
 
 @asynccontextmanager
@@ -191,6 +192,7 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
         row = await pool.fetchrow(db.q("destination_get"), url)
         secrets = await pool.fetch(db.q("destination_secrets_of"), url)
         actions = await destination_switch.actions_of(pool, url)
+        subscribed = await subscriptions.of(pool, url)
     if row is None:
         return _missing(url)
     data = _describe(row)
@@ -213,6 +215,14 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
         )
     if not listed:
         lines.append("  no secret of its own: signed with RELAY_WEBHOOK_SIGNING_SECRETS")
+    data["subscriptions"] = [
+        {k: s[k] for k in ("pattern", "filter", "provider", "created_at")} for s in subscribed
+    ]
+    lines.extend(
+        f"  subscribed to {s['pattern']} ({subscriptions.describe_filter(s['filter'])}, "
+        f"budget {s['provider'] or 'webhook'})"
+        for s in subscribed
+    )
     data["actions"] = [a.__dict__ for a in actions]
     for a in actions:
         effect = ", ".join(f"{k} {v}" for k, v in a.effect.items() if v)

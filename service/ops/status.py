@@ -14,29 +14,35 @@ from typing import Any
 
 import asyncpg
 
-from service import control, db, ledger, receipts, runs
+from service import control, db, events, ledger, receipts, runs
+from service.ops import redaction
 
 
 async def overall(pool: asyncpg.Pool, receipt_wait_seconds: float = 900.0) -> dict[str, Any]:
     counts = {r["state"]: r["n"] for r in await pool.fetch(db.q("overall_state_counts"))}
     oldest = await pool.fetchval(db.q("oldest_claimable_age"))
-    outbox_rows = await pool.fetch(db.q("outbox_state_counts"))
-    outbox = {
-        "states": {r["state"]: r["n"] for r in outbox_rows},
-        "oldest_pending_seconds": max(
-            (r["oldest_pending_seconds"] for r in outbox_rows if r["oldest_pending_seconds"]),
-            default=None,
-        ),
-    }
     admission = await pool.fetchrow(db.q("admission_state"))
     assert admission is not None
     return {
         "states": counts,
         "oldest_claimable_seconds": oldest,
-        "outbox": outbox,
+        "outbox": await _outbox(pool, events=False),
+        "event_deliveries": await _outbox(pool, events=True),
         "admission": dict(admission),
         "no_receipt": await receipts.overdue_total(pool, receipt_wait_seconds),
         "receipt_wait_seconds": receipt_wait_seconds,
+    }
+
+
+async def _outbox(pool: asyncpg.Pool, *, events: bool) -> dict[str, Any]:
+    """Outbox deliveries by state: single intents, or (``events``) events' deliveries."""
+    rows = await pool.fetch(db.q("outbox_state_counts"), events)
+    return {
+        "states": {r["state"]: r["n"] for r in rows},
+        "oldest_pending_seconds": max(
+            (r["oldest_pending_seconds"] for r in rows if r["oldest_pending_seconds"]),
+            default=None,
+        ),
     }
 
 
@@ -49,6 +55,18 @@ async def outbox_missing(pool: asyncpg.Pool, limit: int) -> list[dict[str, Any]]
     """Outbox intents not delivered: they belong to no run, and are owed all the same."""
     rows = await pool.fetch(db.q("outbox_missing"), limit)
     return [dict(r) for r in rows]
+
+
+async def event_missing(pool: asyncpg.Pool, limit: int) -> list[dict[str, Any]]:
+    """Events whose deliveries were not all delivered, newest first, grouped by event; a
+    destination and its last error redacted as ``deliveries show`` shows them
+    (``service.ops.redaction``)."""
+    groups = await events.missing(pool, limit)
+    for group in groups:
+        for row in group["missing"]:
+            row["destination"] = redaction.destination(row["channel"], row["destination"])
+            row["last_error"] = redaction.text(row["last_error"])
+    return groups
 
 
 async def actions(pool: asyncpg.Pool, run_ids: list[int]) -> list[control.RunAction]:
@@ -92,12 +110,13 @@ def render_table(
     summary = ", ".join(f"{k}={states[k]}" for k in sorted(states)) or "no deliveries"
     lines.append("")
     lines.append(f"all deliveries: {summary}")
-    outbox = totals["outbox"]
-    if outbox["states"]:
-        parts = ", ".join(f"{k}={v}" for k, v in sorted(outbox["states"].items()))
-        pending_age = outbox["oldest_pending_seconds"]
-        age = f"; oldest pending {pending_age:.0f} s" if pending_age is not None else ""
-        lines.append(f"outbox intents (no run): {parts}{age}")
+    for what, key in (("outbox intents", "outbox"), ("event deliveries", "event_deliveries")):
+        outbox = totals[key]
+        if outbox["states"]:
+            parts = ", ".join(f"{k}={v}" for k, v in sorted(outbox["states"].items()))
+            pending_age = outbox["oldest_pending_seconds"]
+            age = f"; oldest pending {pending_age:.0f} s" if pending_age is not None else ""
+            lines.append(f"{what} (no run): {parts}{age}")
     if states.get(ledger.State.ACCEPTED):
         lines.append(
             f"accepted by a provider, no receipt yet: {states[ledger.State.ACCEPTED]} "
@@ -192,16 +211,39 @@ def _minutes(seconds: float) -> str:
 
 
 def render_missing(
-    run_id: int,
+    run_id: int | None,
     rows: list[dict[str, Any]],
     outbox: list[dict[str, Any]] | None = None,
+    by_event: list[dict[str, Any]] | None = None,
     receipt_wait_seconds: float = 900.0,
 ) -> str:
-    text = _render_missing_rows(f"run {run_id}", rows, receipt_wait_seconds)
+    text = (
+        "no publish run has admitted anything yet"
+        if run_id is None
+        else _render_missing_rows(f"run {run_id}", rows, receipt_wait_seconds)
+    )
     text += "\n" + _render_missing_rows(
         "outbox intents (no run)", outbox or [], receipt_wait_seconds
     )
+    if by_event:  # said only when some event's delivery is missing
+        text += "\n" + _render_event_missing(by_event, receipt_wait_seconds)
     return text
+
+
+def _render_event_missing(groups: list[dict[str, Any]], wait_seconds: float) -> str:
+    """Events whose deliveries were not all delivered: per event, who did not get it."""
+    lines = [f"events (no run): {len(groups)} with deliveries not delivered"]
+    for g in groups:
+        lines.append(
+            f"event {g['event_id']} {g['event_type']} {g['key']} "
+            f"({g['created_at']:%Y-%m-%d %H:%M:%S}): {len(g['missing'])} not delivered"
+        )
+        for r in g["missing"]:
+            lines.append(
+                f"  {r['id']:>9} {r['destination'] or '-':<32} {r['state']:<9} "
+                f"{r['last_status'] or '-':>5} {r['attempts']:>3}  {_why_missing(r, wait_seconds)}"
+            )
+    return "\n".join(lines)
 
 
 def _render_missing_rows(what: str, rows: list[dict[str, Any]], wait_seconds: float) -> str:

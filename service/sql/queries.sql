@@ -326,6 +326,7 @@ LEFT JOIN destinations AS dst
 SELECT id, state::text AS state, next_attempt_at, lease_expires_at, now() AS now,
        attempts, last_status, last_error,
        (state = 'dead' AND dead_lettered_at IS NULL) AS dead_letter_missing,
+       republishes > 0 AS republished,
        CASE WHEN state IN ('pending', 'queued')
             THEN greatest(0, extract(epoch FROM occurrence_at - now()))::float8
             ELSE 0 END AS early_seconds
@@ -481,7 +482,8 @@ RETURNING id;
 -- Rows whose message should have arrived long ago: lost by the broker, purged, or held by
 -- a consumer that died. Rows never rescued first, then the longest since their last
 -- rescue, each group oldest overdue first across every state; a row rescued within the
--- interval is left alone, so one run's republish is not repeated by the next.
+-- interval is left alone, so one run's republish is not repeated by the next, and so is a
+-- row the consumers' overdue sweep republished within it (stamp_overdue).
 SELECT id, urgent FROM (
     SELECT id, urgent, rescued_at,
            CASE state WHEN 'queued' THEN greatest(published_at, occurrence_at)
@@ -491,6 +493,7 @@ SELECT id, urgent FROM (
     FROM deliveries
     WHERE state IN ('queued', 'retrying', 'sending')
       AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
 ) AS open
 WHERE rescue_due_at < now()
 ORDER BY rescued_at NULLS FIRST, rescue_due_at, id
@@ -508,6 +511,42 @@ WITH locked AS (
 UPDATE deliveries AS d SET rescued_at = now()
 FROM locked
 WHERE d.id = locked.id;
+
+-- name: overdue_exists
+-- Is a queued row overdue for the consumers' sweep (see stamp_overdue)? The cheap check each
+-- consumer runs every few seconds, answered from the index on queued rows' due times.
+SELECT EXISTS (
+    SELECT 1 FROM deliveries
+    WHERE state = 'queued'
+      AND occurrence_at < now() - make_interval(secs => $1)
+      AND coalesce(published_at, occurrence_at) < now() - make_interval(secs => $1)
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
+      AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+);
+
+-- name: stamp_overdue
+-- Queued rows whose message should have reached a lane $1 s ago (counted from the due time,
+-- or from the publication if later: a replayed or handed-back row) and that no consumer
+-- claimed: stamp them republished, oldest due first, at most $2; the caller republishes
+-- what this returns. A row stamped (or rescued) within the last $1 s is left alone.
+-- SKIP LOCKED: the sweeps of other replicas take other rows, a row being claimed right now
+-- is left to its claim, and as this never waits it cannot deadlock with statements that
+-- lock in id order.
+WITH overdue AS (
+    SELECT id FROM deliveries
+    WHERE state = 'queued'
+      AND occurrence_at < now() - make_interval(secs => $1)
+      AND coalesce(published_at, occurrence_at) < now() - make_interval(secs => $1)
+      AND (republished_at IS NULL OR republished_at < now() - make_interval(secs => $1))
+      AND (rescued_at IS NULL OR rescued_at < now() - make_interval(secs => $1))
+    ORDER BY occurrence_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deliveries AS d SET republished_at = now(), republishes = d.republishes + 1
+FROM overdue
+WHERE d.id = overdue.id AND d.state = 'queued'
+RETURNING d.id, d.urgent;
 
 -- name: open_owed_count
 -- Rows whose message should be in a queue now (what rescue compares the queues against).
@@ -559,11 +598,12 @@ GROUP BY run_id;
 SELECT state::text AS state, count(*) AS n FROM deliveries GROUP BY state;
 
 -- name: outbox_state_counts
--- Outbox intents belong to no publish run: the report lists them on their own.
+-- Outbox intents belong to no publish run: the report lists them on their own, and an
+-- event's deliveries ($1 true) apart from single intents ($1 false).
 SELECT state::text AS state, count(*) AS n,
        extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8
            AS oldest_pending_seconds
-FROM deliveries WHERE source = 'outbox' GROUP BY state;
+FROM deliveries WHERE source = 'outbox' AND (event_id IS NOT NULL) = $1 GROUP BY state;
 
 -- name: oldest_claimable_age
 -- Age of the oldest row that could be worked now (not rows waiting for their retry time).
@@ -901,7 +941,8 @@ WHERE url = $1 AND failure_streak > 0;
 ---------------------------------------------------------------------------- console
 -- The operator console (service/ops/console) reads through these blocks; its actions go
 -- through the same ledger functions as the CLI. A destination is named in URLs only by
--- its reference (the first 16 hex digits of its SHA-256), never by the address itself.
+-- its reference (the first 16 hex digits of its keyed HMAC-SHA256, refs.py), never by the
+-- address itself.
 
 -- name: console_run_missing
 -- Who did not get it: one page of a run's deliveries not delivered, filtered by state,
@@ -933,7 +974,7 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
            coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.last_status, d.last_error, d.skip_reason, d.run_id, d.created_at,
-       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at
+       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at, d.event_id
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 WHERE d.id = $1;
@@ -1038,7 +1079,7 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        coalesce(d.destination, r.destination) AS destination,
        r.schedule_kind, r.daily_at, r.cron, r.due_at, r.timezone, r.missed_policy,
        r.active AS reminder_active, r.next_due_at AS reminder_next_due_at,
-       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at
+       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at, d.event_id
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 LEFT JOIN publish_runs AS p ON p.id = d.run_id
@@ -1239,7 +1280,7 @@ SELECT d.id, d.reminder_id, d.idempotency_key, d.channel, d.state::text AS state
        CASE WHEN d.state = 'accepted' THEN extract(epoch FROM now() - d.finished_at)::float8
             END AS accepted_seconds
 FROM deliveries AS d
-WHERE d.source = 'outbox' AND d.state <> 'delivered'
+WHERE d.source = 'outbox' AND d.state <> 'delivered' AND d.event_id IS NULL
 ORDER BY d.id DESC
 LIMIT $1;
 
@@ -1409,3 +1450,154 @@ RETURNING id;
 SELECT attempt, checked_attempts, answer, provider_message_id, provider_status, policy, error,
        asked_at
 FROM reconciliations WHERE delivery_id = $1 ORDER BY id;
+
+---------------------------------------------------------------------------- events
+-- Event types, subscriptions and events (service/events.py, service/subscriptions.py). An
+-- event's deliveries are outbox deliveries (source 'outbox') that name it (event_id).
+
+-- name: event_type_upsert
+-- Add a type, or change its description and schema; returns nothing when it is unchanged.
+INSERT INTO event_types AS t (name, description, schema)
+VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE SET
+    description = excluded.description, schema = excluded.schema, updated_at = now()
+WHERE t.description IS DISTINCT FROM excluded.description
+   OR t.schema IS DISTINCT FROM excluded.schema
+RETURNING (xmax = 0) AS added;
+
+-- name: event_types_list
+-- The catalogue ($1: one type, NULL: all), with the subscriptions that take each type.
+SELECT t.name, t.description, t.schema, t.created_at, t.updated_at,
+       (SELECT count(DISTINCT s.url) FROM event_subscriptions AS s
+        WHERE event_pattern_matches(s.pattern, t.name))::int AS subscribers
+FROM event_types AS t
+WHERE $1::text IS NULL OR t.name = $1
+ORDER BY t.name;
+
+-- name: event_type_subscribers
+-- Who receives a type: each destination with the subscriptions that take it.
+SELECT d.id AS destination_id, d.url, d.state, s.pattern, s.filter, s.provider
+FROM event_subscriptions AS s
+JOIN destinations AS d ON d.url = s.url
+WHERE event_pattern_matches(s.pattern, $1)
+ORDER BY d.id, s.pattern;
+
+-- name: event_type_schema
+-- What recording an event of this type checks: whether the type exists, and its schema.
+SELECT schema FROM event_types WHERE name = $1;
+
+-- name: event_add
+-- Record one event ($1 key, $2 type, $3 payload, $4 urgent) and, in the same statement, one
+-- pending delivery per destination with a subscription that takes it (its pattern matches
+-- the type and its filter the payload), keyed 'event:<key>:<destination id>'. A key
+-- recorded before inserts nothing at all: an event is fanned out once, to the
+-- subscriptions in force when it was first recorded. A disabled destination's delivery is
+-- held like all of its deliveries. The budget is the one named by the most specific
+-- matching subscription that names one (an exact name before the longest prefix).
+WITH targets AS (
+    SELECT d.id AS destination_id, d.url,
+           (array_agg(s.provider ORDER BY s.pattern = $2 DESC, length(s.pattern) DESC)
+                FILTER (WHERE s.provider IS NOT NULL))[1] AS provider
+    FROM event_subscriptions AS s
+    JOIN destinations AS d ON d.url = s.url
+    WHERE event_pattern_matches(s.pattern, $2) AND event_filter_matches(s.filter, $3::jsonb)
+    GROUP BY d.id, d.url
+), event AS (
+    INSERT INTO events (key, event_type, payload, urgent)
+    VALUES ($1, $2, $3, $4)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id, created_at
+), made AS (
+    INSERT INTO deliveries (idempotency_key, source, channel, provider, destination, payload,
+                            occurrence_at, urgent, event_type, event_id)
+    SELECT 'event:' || $1 || ':' || t.destination_id, 'outbox', 'webhook',
+           coalesce(t.provider, 'webhook'), t.url, $3, e.created_at, $4, $2, e.id
+    FROM event AS e CROSS JOIN targets AS t
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT id FROM event) AS event_id, (SELECT count(*) FROM made)::int AS deliveries;
+
+-- name: subscription_upsert
+-- Subscribe a destination to a pattern (its filter and budget replaced if it was already).
+INSERT INTO event_subscriptions AS s (url, pattern, filter, provider)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (url, pattern) DO UPDATE SET
+    filter = excluded.filter, provider = excluded.provider, updated_at = now()
+RETURNING s.id, (xmax = 0) AS added;
+
+-- name: subscription_delete
+DELETE FROM event_subscriptions WHERE url = $1 AND pattern = $2 RETURNING id;
+
+-- name: subscriptions_of
+-- A destination's subscriptions ($1 NULL: every destination's), by destination and pattern.
+SELECT s.url, d.id AS destination_id, s.pattern, s.filter, s.provider, s.created_at
+FROM event_subscriptions AS s
+JOIN destinations AS d ON d.url = s.url
+WHERE $1::text IS NULL OR s.url = $1
+ORDER BY d.id, s.pattern;
+
+-- name: subscription_backfill
+-- On purpose only: owe the destination $1 the events its subscription $2 takes that were
+-- recorded at or after $3 and before $4, as admission would have (same keys, so an event it
+-- already has adds nothing). Returns the new rows for publishing.
+INSERT INTO deliveries (idempotency_key, source, channel, provider, destination, payload,
+                        occurrence_at, urgent, event_type, event_id)
+SELECT 'event:' || e.key || ':' || d.id, 'outbox', 'webhook', coalesce(s.provider, 'webhook'),
+       d.url, e.payload, e.created_at, e.urgent, e.event_type, e.id
+FROM event_subscriptions AS s
+JOIN destinations AS d ON d.url = s.url
+JOIN events AS e ON event_pattern_matches(s.pattern, e.event_type)
+WHERE s.url = $1 AND s.pattern = $2 AND e.created_at >= $3 AND e.created_at < $4
+  AND event_filter_matches(s.filter, e.payload)
+ORDER BY e.id
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, urgent, occurrence_at;
+
+-- name: event_get
+-- One event by id ($1) or key ($2), without its payload.
+SELECT e.id, e.key, e.event_type, e.urgent, e.created_at,
+       (SELECT count(*) FROM deliveries AS d WHERE d.event_id = e.id)::int AS deliveries
+FROM events AS e
+WHERE ($1::bigint IS NOT NULL AND e.id = $1) OR ($2::text IS NOT NULL AND e.key = $2);
+
+-- name: console_event_deliveries
+-- An event's deliveries ($1), by destination: where each stands, for the console (the
+-- reference keyed as in console_run_missing, the key's rounds in $2 and $3).
+SELECT d.id, d.idempotency_key, d.channel, d.destination, dst.id AS destination_id,
+       left(encode(sha256($3::bytea || sha256($2::bytea || convert_to(
+           coalesce(d.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref,
+       coalesce(dst.state = 'disabled', false) AS destination_disabled,
+       d.provider, d.state::text AS state, d.attempts, d.last_status, d.last_error,
+       d.skip_reason, d.next_attempt_at, d.created_at, d.first_attempt_at, d.finished_at
+FROM deliveries AS d
+LEFT JOIN destinations AS dst ON dst.url = d.destination
+WHERE d.event_id = $1
+ORDER BY d.id;
+
+-- name: events_recent
+-- The latest events (newest first, before id $2; NULL: from the newest), $3 of type (NULL:
+-- any), with how their deliveries stand.
+SELECT e.id, e.key, e.event_type, e.created_at,
+       count(d.id)::int AS deliveries,
+       count(d.id) FILTER (WHERE d.state = 'delivered')::int AS delivered,
+       count(d.id) FILTER (WHERE d.state = 'dead')::int AS dead
+FROM events AS e
+LEFT JOIN deliveries AS d ON d.event_id = e.id
+WHERE ($2::bigint IS NULL OR e.id < $2) AND ($3::text IS NULL OR e.event_type = $3)
+GROUP BY e.id
+ORDER BY e.id DESC
+LIMIT $1;
+
+-- name: event_missing
+-- Who did not get which event: event deliveries not delivered, newest event first (the
+-- report groups them by event).
+SELECT e.id AS event_id, e.key AS event_key, e.event_type, e.created_at AS event_at,
+       d.id, d.idempotency_key, d.reminder_id, d.channel, d.destination,
+       d.state::text AS state, d.last_status, d.last_error, d.next_attempt_at, d.skip_reason,
+       d.attempts, d.occurrence_at
+FROM deliveries AS d
+JOIN events AS e ON e.id = d.event_id
+WHERE d.event_id IS NOT NULL AND d.state <> 'delivered'
+ORDER BY d.event_id DESC, d.id
+LIMIT $1;

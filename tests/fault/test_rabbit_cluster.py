@@ -14,8 +14,12 @@ again (it rejoins the cluster) before the next test.
 - A publish run whose node is SIGKILLed under it: every row the ledger marks ``queued``
   has its message in the work queue (nothing marked queued without a confirm), and the
   next run, through another node, publishes the rest.
-- The node of the timer queue (classic, not replicated) down: deliveries admitted ahead of
-  their due time go through the delay tiers instead, and are delivered, none early.
+- The node of the timer ladder (classic queues, not replicated) down: deliveries admitted
+  ahead of their due time go through the delay tiers instead, and are delivered, none early.
+- That node SIGKILLed with 500 deliveries waiting in the ladder: the consumer's overdue sweep
+  republishes each row shortly after its due time (its stamp, read from the ledger, within
+  lease + 30 s of due), every one is delivered once, and the originals that come back with
+  the node are acked without a send and counted.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from service import amqp, db, messages
+from service import amqp, brokers, db, messages
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support import replication
@@ -76,11 +80,13 @@ class Cluster:
             if connection_name in line and f"<{n.node_name}." in line
         ]
 
-    def home(self, queue: str) -> RabbitNode:
-        """The node a classic queue lives on (from its process id)."""
+    def homes(self, queues: list[str]) -> list[RabbitNode]:
+        """The nodes these classic queues live on, each once (one ``list_queues``)."""
         out = self.running()[0].ctl("list_queues", "name", "pid", "--no-table-headers")
         pids = dict(line.split("\t")[:2] for line in out.splitlines() if "\t" in line)
-        return next(n for n in self.nodes if pids[queue].startswith(f"<{n.node_name}."))
+        return [
+            n for n in self.nodes if any(pids[q].startswith(f"<{n.node_name}.") for q in queues)
+        ]
 
     def members(self) -> int:
         """Running nodes of the cluster, as a running node sees them."""
@@ -226,6 +232,9 @@ async def test_a_publish_run_losing_its_node_marks_queued_only_what_was_confirme
         state_dir=tmp_path,
         amqp_quorum_group_size=SIZE,
         publish_batch_size=200,
+        # Few confirms in flight: the run lasts long enough (seconds, even on a fast
+        # machine) for the test to find its connection's node and kill it mid-run.
+        publish_max_in_flight=4,
     )
     assert (await rs.relay(settings, "migrate")).code == 0
     rows = 10_000
@@ -239,8 +248,10 @@ async def test_a_publish_run_losing_its_node_marks_queued_only_what_was_confirme
             return len(await _queued_ids(pool)) >= 1000
 
         await rs.wait_for(some_queued, 60, "publishing under way", interval=0.02)
-        hosting = await asyncio.to_thread(cluster.hosting, "relay-publish")
-        assert len(hosting) == 1, f"the publish run's connection is on {hosting}"
+        hosting: list[RabbitNode] = []
+        while not hosting and not run.done():  # the broker lists a connection a bit late
+            hosting = await asyncio.to_thread(cluster.hosting, "relay-publish")
+        assert len(hosting) == 1, f"the run ended before its node was found: {hosting}"
         await asyncio.to_thread(hosting[0].kill)
         first = await run
         queued = await _queued_ids(pool)
@@ -265,8 +276,8 @@ async def test_a_publish_run_losing_its_node_marks_queued_only_what_was_confirme
 async def test_admitted_ahead_while_the_timer_node_is_down_they_hop_through_the_delay_tiers(
     cluster: Cluster, pg: PostgresNode, partner: RunningPartner, tmp_path: Path
 ) -> None:
-    """The timer queue is classic (one node, not replicated): with its node down, a
-    delivery admitted before its due time comes back unroutable from the timer and is
+    """The timer ladder is classic queues (one node, not replicated): with its node down, a
+    delivery admitted before its due time comes back unroutable from the ladder and is
     published through the (replicated) delay tiers instead: queued at once, delivered, and
     not before it was due."""
     assert partner.state.verify_secret is not None
@@ -279,7 +290,8 @@ async def test_admitted_ahead_while_the_timer_node_is_down_they_hop_through_the_
     )
     assert (await rs.relay(settings, "migrate")).code == 0
     assert (await rs.relay(settings, "publish")).code == 0  # declares the topology
-    timer = await asyncio.to_thread(cluster.home, f"{settings.amqp_namespace}.timer")
+    ladder = amqp.Topology.from_settings(settings).timer_queues
+    (timer,) = await asyncio.to_thread(cluster.homes, ladder)
     await asyncio.to_thread(timer.kill)
     rows = 200
     pool = await db.create_pool(settings, size=2)
@@ -305,6 +317,93 @@ async def test_admitted_ahead_while_the_timer_node_is_down_they_hop_through_the_
     finally:
         if consumer is not None:
             assert await rs.stop(consumer) == 0
+        await pool.close()
+        with contextlib.suppress(Exception):
+            await _delete_namespace(cluster, settings)
+
+
+async def _ready(url: str, names: list[str]) -> int:
+    connection = await aio_pika.connect(url, timeout=10)
+    async with connection:
+        return await brokers.ready_total(connection, names, 10)
+
+
+async def test_the_ladder_node_killed_with_500_waiting_each_row_is_republished_soon_after_due(
+    cluster: Cluster, pg: PostgresNode, partner: RunningPartner, tmp_path: Path
+) -> None:
+    assert partner.state.verify_secret is not None
+    settings = drain_settings(
+        database_url=pg.url,
+        amqp_url=cluster.url,
+        secret=partner.state.verify_secret,
+        state_dir=tmp_path,
+        amqp_quorum_group_size=SIZE,
+        overdue_after_seconds=10.0,
+        overdue_sweep_seconds=1.0,
+    )
+    topology = amqp.Topology.from_settings(settings)
+    log = tmp_path / "consumer.log"
+    assert (await rs.relay(settings, "migrate")).code == 0
+    consumer = await rs.start_consumer(settings, log)  # declares the ladder on its node
+    rows = 500
+    pool = await db.create_pool(settings, size=2)
+    try:
+        await rs.wait_for(lambda: rs.logged(log, "consume_started"), 60, "consumer up")
+        homes = await asyncio.to_thread(cluster.homes, topology.timer_queues)
+        assert len(homes) == 1, f"the ladder is spread over {[n.node_name for n in homes]}"
+        (home,) = homes
+        alive = next(n for n in cluster.nodes if n is not home)
+        start = datetime.now(UTC) + timedelta(seconds=25)
+        lines = [
+            rs.line(f"r{i}", partner.url(), due_at=start + timedelta(seconds=20 * i / rows))
+            for i in range(rows)
+        ]
+        await rs.load(pool, lines)
+        published = await rs.relay(settings, "publish", timeout=120)
+        assert published.code == 0, published.stdout + published.stderr[-2000:]
+        assert await _ready(alive.url, topology.timer_queues) == rows, "all 500 in the ladder"
+        await asyncio.to_thread(home.kill)
+
+        async def all_delivered() -> bool:
+            return (await rs.states(pool)).get("delivered", 0) == rows
+
+        await rs.wait_for(all_delivered, 180, f"all {rows} delivered through the sweep")
+        ledger = await pool.fetch(
+            "SELECT d.occurrence_at, d.republished_at, d.attempts, a.started_at"
+            " FROM deliveries AS d JOIN delivery_attempts AS a ON a.delivery_id = d.id"
+        )
+        assert len(ledger) == rows and all(r["attempts"] == 1 for r in ledger)
+        assert all(r["started_at"] >= r["occurrence_at"] for r in ledger), "a send before due"
+        late = sorted((r["republished_at"] - r["occurrence_at"]).total_seconds() for r in ledger)
+        bound = settings.lease_seconds + 30
+        assert settings.overdue_after_seconds <= late[0] and late[-1] <= bound, (late[0], late[-1])
+        assert partner.state.logical_events == rows and partner.state.duplicates == 0
+        print(f"\nrepublished {late[0]:.1f} to {late[-1]:.1f} s after due (bound {bound:.0f} s)")
+        assert await rs.stop(consumer) == 0
+
+        # The node comes back with the originals: each runs down the ladder to its lane.
+        await asyncio.to_thread(home.start)
+
+        async def ladder_empty() -> bool:
+            return await _ready(home.url, topology.timer_queues) == 0
+
+        await rs.wait_for(ladder_empty, 60, "the ladder run down")
+        lanes = [topology.lane_queue(amqp.BULK), topology.lane_queue(amqp.URGENT)]
+        back = await _ready(home.url, lanes)
+        assert 0 < back <= rows, back
+        print(f"{back} of {rows} originals came back with the node")
+        consumer = await rs.start_consumer(settings, log)
+
+        async def survivors_counted() -> bool:
+            counted = await rs.logged_count(log, "duplicate", republished=True)
+            return counted == back and await _ready(home.url, lanes) == 0
+
+        await rs.wait_for(survivors_counted, 60, f"{back} originals acked as counted no-ops")
+        assert partner.state.logical_events == rows and partner.state.duplicates == 0
+        assert await pool.fetchval("SELECT count(*) FROM delivery_attempts") == rows
+    finally:
+        if consumer.returncode is None:
+            await rs.stop(consumer)
         await pool.close()
         with contextlib.suppress(Exception):
             await _delete_namespace(cluster, settings)

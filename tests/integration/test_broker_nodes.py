@@ -58,7 +58,7 @@ async def test_queues_declared_with_another_group_size_are_kept_and_usable(
     kept = [r for r in caplog.records if getattr(r, "event", "") == "queue_group_size_kept"]
     assert {getattr(r, "queue", "") for r in kept} == set(
         amqp.Topology.from_settings(settings).all_queues()
-    ) - {amqp.Topology.from_settings(settings).timer_queue}
+    ) - set(amqp.Topology.from_settings(settings).timer_queues)
     async with broker.channel(settings) as channel:
         queue = await channel.declare_queue(
             amqp.Topology.from_settings(settings).lane_queue(amqp.BULK), passive=True

@@ -5,8 +5,8 @@ open one, read its attempts, replay it (dry run, then apply with a reason) and w
 become delivered; a browser without the session, or a request without the CSRF token,
 is refused. With RELAY_TEST_SCREENSHOTS set to a folder (docs/console), the main pages
 are saved there as PNG files. And markup (a script, an event handler, a javascript: URL, a
-closing textarea) in a destination URL, a payload, operator reasons and a partner's reply
-is shown inert on every page.
+closing textarea) in a destination URL (a reminder's and an event subscriber's), a payload,
+operator reasons and a partner's reply is shown inert on every page, the event pages too.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_pl
 from service.settings import Settings
 from tests.support import console as cs
 from tests.support import relay as rs
+from tests.support.receivers import keyed
 from tests.support.relay import RunningPartner
+
+__all__ = ["keyed"]  # fixtures
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: scripts/test installs it when missing
 
@@ -230,22 +233,22 @@ def _watch(page: Page) -> tuple[list[str], list[str]]:
 
 
 async def test_markup_in_urls_payloads_reasons_and_replies_is_shown_inert_on_every_page(
-    settings: Settings, pool: asyncpg.Pool, browser: Browser
+    keyed: Settings, pool: asyncpg.Pool, browser: Browser
 ) -> None:
     """A destination URL, a payload, operator reasons (a suppression's too) and a partner's
     reply full of markup: on every page (redacted and revealed) no dialog fires, no element
     is made of it, and what the page shows of it reads as text. (The payload is never read
     by the console.)"""
     async with cs.answering(NASTY) as receiver:
-        async with rs.consumer_in_process(settings):
-            ids = await _nasty_ledger(settings, pool, receiver)
         nasty_url = f"{receiver}/hooks/{NASTY}"
+        event_url = f"{receiver}/events/{NASTY}"
+        async with rs.consumer_in_process(keyed):
+            ids = await _nasty_ledger(keyed, pool, receiver)
+            event = await cs.dead_event(keyed, pool, "xss:1", event_url, {"text": NASTY})
         suppressed = "nasty@example.com"  # an operator's suppression, markup for its reason
-        added = await rs.relay(
-            settings, "suppressions", "add", "email", suppressed, "--reason", NASTY
-        )
+        added = await rs.relay(keyed, "suppressions", "add", "email", suppressed, "--reason", NASTY)
         assert added.code == 0, added.stderr
-        async with cs.console(settings) as c:
+        async with cs.console(keyed) as c:
             await _act_with_nasty_reasons(c.url, receiver, pool, ids)
             page = await browser.new_page(viewport={"width": 1280, "height": 720})
             fired, blocked = _watch(page)
@@ -258,12 +261,16 @@ async def test_markup_in_urls_payloads_reasons_and_replies_is_shown_inert_on_eve
                 ("/dead", [], []),
                 ("/destinations", [NASTY], [nasty_url]),  # the disable's reason
                 ("/suppressions", [NASTY], [suppressed]),  # the operator's why, the address
+                ("/events", [], []),
+                (f"/events/{event.event_id}", [], [event_url]),
+                (f"/deliveries/{event.delivery_id}", [NASTY], [event_url]),
                 (f"/deliveries/{ids['xss-url']}", [NASTY], [nasty_url]),  # last: its replay
             ]
+            unrevealing = ("/runs", "/events")  # lists without recipients or replies
             for path, visible, revealed in plan:
                 await page.goto(c.url + path)
                 await _inert(page, fired, blocked, visible)
-                if path != "/runs":
+                if path not in unrevealing:
                     await page.click("#reveal")
                     await expect(page.locator("#revealed")).to_be_visible()
                     await _inert(page, fired, blocked, visible + revealed)
@@ -271,4 +278,4 @@ async def test_markup_in_urls_payloads_reasons_and_replies_is_shown_inert_on_eve
             await expect(page.locator("#replay-summary")).to_contain_text("Would replay 1")
             await _inert(page, fired, blocked, [])
     revealed_pages = await pool.fetchval("SELECT count(*) FROM console_reveals")
-    assert revealed_pages == len(plan) - 1
+    assert revealed_pages == len(plan) - len(unrevealing)

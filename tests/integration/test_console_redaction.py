@@ -2,7 +2,8 @@
 destination and a partner's reply exactly as ``relay deliveries show`` does (the same
 function); revealing a page is a deliberate, CSRF-guarded POST that is recorded (who,
 when, which page), and the JSON API never reveals; destination references are keyed
-hashes (HMAC with this deployment's secret), not a plain SHA-256 of the address."""
+hashes (HMAC with this deployment's secret), not a plain SHA-256 of the address. An
+event's page and its JSON follow the same rules."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ import asyncpg
 from service.settings import Settings
 from tests.support import console as cs
 from tests.support import relay as rs
+from tests.support.receivers import keyed
+
+__all__ = ["keyed"]  # fixtures
 
 PRIVATE_PATH = "/hooks/t0k3n-secret?key=s3cr3t"
 REPLY = (
@@ -34,18 +38,21 @@ async def _page(http: aiohttp.ClientSession, url: str, **form: str) -> str:
 
 
 async def test_the_console_redacts_as_the_cli_and_a_reveal_is_recorded_per_page(
-    settings: Settings, pool: asyncpg.Pool
+    keyed: Settings, pool: asyncpg.Pool
 ) -> None:
-    async with cs.answering(REPLY) as base, rs.consumer_in_process(settings):
+    async with cs.answering(REPLY) as base, rs.consumer_in_process(keyed):
         destination = base + PRIVATE_PATH
-        victim = await cs.dead_delivery(settings, pool, "clinic-private", destination)
+        victim = await cs.dead_delivery(keyed, pool, "clinic-private", destination)
+        event = await cs.dead_event(
+            keyed, pool, "visit:1:booked", base + "/events" + PRIVATE_PATH, {"n": 1}
+        )
     run_id = await pool.fetchval("SELECT run_id FROM deliveries WHERE id = $1", victim)
-    cli = await rs.relay(settings, "deliveries", "show", str(victim), "--json")
+    cli = await rs.relay(keyed, "deliveries", "show", str(victim), "--json")
     assert cli.code == 0, cli.stderr
     story = json.loads(cli.stdout)
     (attempt,) = story["attempt_history"]
     assert attempt["reply_excerpt"].startswith("unknown recipient <email>")
-    async with cs.console(settings) as c, cs.client() as http:
+    async with cs.console(keyed) as c, cs.client() as http:
         async with http.get(f"{c.url}/api/v1/deliveries/{victim}", headers=cs.bearer()) as api:
             shown = await api.json()
         # The same function, the same words: the CLI's document and the console's answer.
@@ -53,12 +60,19 @@ async def test_the_console_redacts_as_the_cli_and_a_reveal_is_recorded_per_page(
         assert shown["last_error"] == story["last_error"]
         assert shown["attempt_list"][0]["response_excerpt"] == attempt["reply_excerpt"]
         assert shown["attempt_list"][0]["error"] == attempt["error"]
+        async with http.get(f"{c.url}/api/v1/events/{event.event_id}", headers=cs.bearer()) as api:
+            (event_row,) = (await api.json())["delivery_list"]
+        assert event_row["destination"] == base and event_row["last_error"] == story["last_error"]
+        assert event_row["destination_ref"] == await cs.ref_of(
+            pool, base + "/events" + PRIVATE_PATH
+        )
         csrf = await cs.log_in(http, c.url)
         pages = [
             f"/deliveries/{victim}",
             f"/runs/{run_id}",
             "/destinations",
             f"/dead?run={run_id}",
+            f"/events/{event.event_id}",
         ]
         for path in pages:
             page = await _page(http, c.url + path)
@@ -83,6 +97,10 @@ async def test_the_console_redacts_as_the_cli_and_a_reveal_is_recorded_per_page(
             f"{c.url}/api/v1/deliveries/{victim}?reveal=1", headers=cs.bearer()
         ) as api:
             assert (await api.json())["destination"] == base  # the API never reveals
+        async with http.get(
+            f"{c.url}/api/v1/events/{event.event_id}?reveal=1", headers=cs.bearer()
+        ) as api:
+            assert (await api.json())["delivery_list"][0]["destination"] == base
     recorded = await pool.fetch("SELECT operator, page, at FROM console_reveals ORDER BY id")
     assert [(r["operator"], r["page"]) for r in recorded] == [("alice (console)", p) for p in pages]
     assert all(before - timedelta(seconds=5) <= r["at"] <= datetime.now(UTC) for r in recorded)

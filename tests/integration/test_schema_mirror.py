@@ -55,9 +55,8 @@ async def test_the_skip_reason_check_keeps_every_reason_any_migration_allowed(
     assert in_force == ever
 
 
-# The migrations a database migrated by an earlier release lacks although a later-numbered
-# one (0016, the console's sessions) is applied there: the receipts migrations, merged after
-# that release.
+# The migrations a database migrated by main lacks although later-numbered ones (0016, the
+# console's sessions; 0017, events) are applied there: the receipts migrations, merged after.
 _MERGED_LATE = (
     "0014a_receipt_states",
     "0014b_receipts",
@@ -88,11 +87,13 @@ async def _schema(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, list[tup
 async def test_migrations_merged_below_an_applied_one_apply_on_top_to_the_fresh_schema(
     settings: Settings, pool: asyncpg.Pool
 ) -> None:
-    """A database migrated by a release without the receipts migrations (0014a-d) but with
-    the later-numbered 0016: `relay migrate`'s runner applies exactly those four on top, in
-    order, and the schema is the one a fresh database gets from every migration in order
-    (the test's own database, cloned from such a template)."""
+    """A database migrated by main, without the receipts migrations (0014a-d) but with the
+    later-numbered 0016 and 0017 (and main's 0011): `relay migrate`'s runner applies exactly
+    those four on top, in order, and the schema is the one a fresh database gets from every
+    migration in order (the test's own database, cloned from such a template)."""
     assert set(_MERGED_LATE) < set(db.migration_versions())
+    on_main = {"0011_overdue_sweep", "0016_console_sessions", "0017_events"}
+    assert on_main <= set(db.migration_versions()) - set(_MERGED_LATE)
     assert max(db.migration_versions()) > max(_MERGED_LATE)  # numbered below an applied one
     base = settings.database_url.get_secret_value()
     name = f"relay_t_late_{uuid.uuid4().hex[:10]}"

@@ -25,11 +25,9 @@ def topology(settings: Settings) -> amqp.Topology:
 
 
 def lanes_and_tiers(settings: Settings) -> list[str]:
-    """Every queue a delivery message waits in: both lanes, the timer, every delay tier."""
-    t = topology(settings)
-    return [t.lane_queue(amqp.BULK), t.lane_queue(amqp.URGENT), t.timer_queue] + [
-        t.delay_queue(s) for s in t.delay_tiers_seconds
-    ]
+    """Every queue a delivery message waits in: both lanes, the timer ladder, every delay
+    tier."""
+    return topology(settings).waiting_queues()
 
 
 async def declare(settings: Settings) -> None:

@@ -1,6 +1,6 @@
 """Helpers for the console's tests: an operators file, a console on a real port, a
 logged-in HTTP client, and a ledger with failures (a run whose deliveries to one path were
-rejected)."""
+rejected, an event whose one delivery was)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
+from service import outbox
 from service.clock import Clock
 from service.ops import partner as partner_mod
 from service.ops.console import operators, refs
@@ -132,6 +133,38 @@ async def dead_delivery(
 
     await rs.wait_for(dead, 60, f"the delivery of {reminder_id} to be dead")
     return int(await pool.fetchval(sql, reminder_id))
+
+
+@dataclass
+class DeadEvent:
+    event_id: int
+    delivery_id: int
+
+
+async def dead_event(
+    settings: Settings, pool: asyncpg.Pool, key: str, destination: str, payload: dict[str, Any]
+) -> DeadEvent:
+    """Record one event (type ``console.test``) that ``destination`` alone subscribes to,
+    publish its delivery and wait (a consumer started by the caller) until it is dead."""
+    for args in (
+        ("event-types", "add", "console.test"),
+        ("destinations", "add", destination),
+        ("destinations", "subscribe", destination, "console.test"),
+    ):
+        done = await rs.relay(settings, *args)
+        assert done.code == 0, done.stderr
+    async with pool.acquire() as conn, conn.transaction():
+        recorded = await outbox.add_event(conn, key=key, event_type="console.test", payload=payload)
+    assert recorded is not None and recorded.deliveries == 1
+    published = await rs.relay(settings, "publish")
+    assert published.code == 0, published.stderr
+    sql = "SELECT id FROM deliveries WHERE event_id = $1 AND state = 'dead'"
+
+    async def dead() -> bool:
+        return await pool.fetchval(sql, recorded.event_id) is not None
+
+    await rs.wait_for(dead, 60, f"the delivery of event {key} to be dead")
+    return DeadEvent(recorded.event_id, int(await pool.fetchval(sql, recorded.event_id)))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import pwd
 import shutil
@@ -41,6 +42,10 @@ SERVICES = REPO_ROOT / "scripts" / "services"
 # (pytest's tmp_path is 0700): the postgres user must be able to reach it.
 NODES_BASE = Path(os.environ.get("RELAY_SERVICES_DIR", "/tmp/reminder-relay-services")) / "nodes"
 
+# Ports recently handed out to any test process on this machine (see free_ports).
+PORTS_FILE = NODES_BASE.parent / "ports-handed-out"
+_PORT_QUARANTINE_SECONDS = 600.0
+
 RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 
 START_TIMEOUT = 180.0
@@ -57,13 +62,48 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """Return ``count`` distinct free ports (held open together while chosen)."""
+    """Return ``count`` distinct free ports (held open together while chosen).
+
+    Test processes run side by side (pytest-xdist workers, two suites at once), and a
+    port is free from the moment it is chosen until the node binds it seconds later:
+    every port handed out is noted in a file shared by all of them (under a lock) and
+    not handed out again for ``_PORT_QUARANTINE_SECONDS``.
+    """
+    PORTS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with open(PORTS_FILE, "a+", encoding="ascii") as book:
+        fcntl.flock(book, fcntl.LOCK_EX)  # released when the file closes
+        book.seek(0)
+        now = time.time()
+        recent = {}
+        for line in book.read().split():
+            port, _, at = line.partition("@")
+            if port.isdigit() and _is_float(at) and now - float(at) < _PORT_QUARANTINE_SECONDS:
+                recent[int(port)] = float(at)
+        ports = _unbound_ports(count, avoid=set(recent))
+        recent.update(dict.fromkeys(ports, now))
+        book.seek(0)
+        book.truncate()
+        book.write("".join(f"{port}@{at:.0f}\n" for port, at in recent.items()))
+        return ports
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _unbound_ports(count: int, *, avoid: set[int]) -> list[int]:
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
-        for _ in range(count):
+        while len(ports) < count:
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
+            port = int(sock.getsockname()[1])
+            if port not in avoid:  # else keep it bound, so the next bind picks another
+                ports.append(port)
         return ports
 
 

@@ -192,6 +192,21 @@ async def logged(path: Path, event: str) -> bool:
     return False
 
 
+async def logged_count(path: Path, event: str, **fields: Any) -> int:
+    """JSON log lines in ``path`` with this ``event`` and these field values."""
+    if not path.exists():
+        return 0
+    found = 0
+    for text in path.read_text().splitlines():
+        try:
+            record = json.loads(text)
+        except ValueError:
+            continue
+        if record.get("event") == event and all(record.get(k) == v for k, v in fields.items()):
+            found += 1
+    return found
+
+
 async def topology_declared(settings: Settings) -> bool:
     """True once the lane queues exist (a consumer or publisher declared them)."""
     connection = await aio_pika.connect(settings.amqp_url.get_secret_value())

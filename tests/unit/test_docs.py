@@ -28,3 +28,16 @@ def test_every_handler_resolves_to_a_coroutine_function() -> None:
 
     for name in cli.HANDLERS:
         assert inspect.iscoroutinefunction(cli.resolve(name)), name
+
+
+def test_the_rabbitmq_permissions_in_deploy_md_name_every_exchange_and_queue() -> None:
+    import re
+
+    from service import amqp
+
+    deploy = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    (pattern,) = re.findall(r"^RELAY_NAMES='(.+)'$", deploy, re.MULTILINE)
+    topology = amqp.Topology.from_settings(Settings(amqp_namespace="relay"))
+    exchanges = [topology.work_exchange, topology.delay_exchange, topology.dead_exchange]
+    names = [*exchanges, *topology.all_queues()]  # the ladder's exchanges share its queues' names
+    assert [n for n in names if not re.fullmatch(pattern, n)] == []

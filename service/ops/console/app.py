@@ -16,7 +16,7 @@ import jinja2
 from aiohttp import web
 
 from service import control
-from service.ops.console import actions, api, pages, refs, security
+from service.ops.console import actions, api, events, pages, refs, security
 from service.ops.console.app_keys import ACTIONS, DOOR, POOL, REF_KEY, TEMPLATES
 
 # Accept header -> the /metrics body and its Content-Type
@@ -70,6 +70,7 @@ def build(
     app[REF_KEY] = key
     app.add_routes(pages.routes())
     app.add_routes(api.routes())
+    app.add_routes(events.routes())
     app.add_routes([web.static("/static", HERE / "static")])
     if render_metrics is not None:
         app.add_routes([web.get("/metrics", _metrics(render_metrics))])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from service import control, db, ledger, runs, suppressions
+from service import control, db, events, ledger, runs, suppressions
 from service.ops import redaction
 from service.ops.console import refs
 
@@ -169,6 +169,19 @@ async def suppression_list(
                 row[name] = redaction.text(row[name])
         rows.append(row)
     return rows
+
+
+async def event(
+    executor: ledger.Executor, key: refs.RefKey, event_id: int, *, reveal: bool = False
+) -> dict[str, Any] | None:
+    """One event (never its payload) with each of its deliveries (one per destination it
+    was fanned out to), redacted as every delivery row is unless revealed."""
+    found = await events.get(executor, event_id)
+    if found is None:
+        return None
+    rows = await executor.fetch(db.q("console_event_deliveries"), event_id, key.inner, key.outer)
+    found["delivery_list"] = [shown_row(dict(r), reveal) for r in rows]
+    return found
 
 
 async def record_reveal(executor: ledger.Executor, operator: str, page: str, at: datetime) -> int:
