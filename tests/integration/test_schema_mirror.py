@@ -55,14 +55,21 @@ async def test_the_skip_reason_check_keeps_every_reason_any_migration_allowed(
     assert in_force == ever
 
 
-# The migrations a database migrated by main lacks although later-numbered ones (0016, the
-# console's sessions; 0017, events) are applied there: the receipts migrations, merged after.
-_MERGED_LATE = (
+_RECEIPTS = (
     "0014a_receipt_states",
     "0014b_receipts",
     "0014c_suppressions",
     "0014d_reconciliations",
 )
+
+# Databases migrated before a merge: the migrations each lacks, and those it has numbered
+# above some of them (so the runner must apply a migration below an applied one).
+_MERGED_LATE = {
+    # migrated by main: the receipts migrations came after its 0016 and 0017
+    "main": (_RECEIPTS, {"0016_console_sessions", "0017_events"}),
+    # migrated by the receipts branch before it merged main's overdue sweep and events
+    "receipts": (("0011_overdue_sweep", "0017_events"), {*_RECEIPTS, "0016_console_sessions"}),
+}
 
 _SCHEMA = {
     "columns": "SELECT table_name, column_name, data_type, udt_name, is_nullable,"
@@ -84,17 +91,19 @@ async def _schema(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, list[tup
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("migrated_by", sorted(_MERGED_LATE))
 async def test_migrations_merged_below_an_applied_one_apply_on_top_to_the_fresh_schema(
-    settings: Settings, pool: asyncpg.Pool
+    settings: Settings, pool: asyncpg.Pool, migrated_by: str
 ) -> None:
-    """A database migrated by main, without the receipts migrations (0014a-d) but with the
-    later-numbered 0016 and 0017 (and main's 0011): `relay migrate`'s runner applies exactly
-    those four on top, in order, and the schema is the one a fresh database gets from every
-    migration in order (the test's own database, cloned from such a template)."""
-    assert set(_MERGED_LATE) < set(db.migration_versions())
-    on_main = {"0011_overdue_sweep", "0016_console_sessions", "0017_events"}
-    assert on_main <= set(db.migration_versions()) - set(_MERGED_LATE)
-    assert max(db.migration_versions()) > max(_MERGED_LATE)  # numbered below an applied one
+    """A database migrated by main (without the receipts migrations 0014a-d, with the
+    later-numbered 0016 and 0017), or by the receipts branch before it merged main (without
+    0011 and 0017): `relay migrate`'s runner applies exactly those it lacks on top, in
+    order, and the schema is the one a fresh database gets from every migration in order
+    (the test's own database, cloned from such a template)."""
+    late, applied_above = _MERGED_LATE[migrated_by]
+    assert set(late) < set(db.migration_versions())
+    assert applied_above <= set(db.migration_versions()) - set(late)
+    assert min(late) < max(applied_above)  # numbered below an applied one
     base = settings.database_url.get_secret_value()
     name = f"relay_t_late_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(base)
@@ -104,20 +113,20 @@ async def test_migrations_merged_below_an_applied_one_apply_on_top_to_the_fresh_
         await admin.close()
     url = urlunsplit(urlsplit(base)._replace(path=f"/{name}"))
     try:
-        late = await asyncpg.create_pool(url, min_size=1, max_size=1)
+        older = await asyncpg.create_pool(url, min_size=1, max_size=1)
         try:
-            async with late.acquire() as conn:
+            async with older.acquire() as conn:
                 await conn.execute(db.q("migrations_table"))
                 for version, sql in db.migrations():
-                    if version not in _MERGED_LATE:
+                    if version not in late:
                         async with conn.transaction():
                             await conn.execute(sql)
                             await conn.execute(db.q("migrations_record"), version)
-            assert await db.migrate(late) == list(_MERGED_LATE)
-            assert await db.migrate(late) == []
-            on_top, fresh = await _schema(late), await _schema(pool)
+            assert await db.migrate(older) == list(late)
+            assert await db.migrate(older) == []
+            on_top, fresh = await _schema(older), await _schema(pool)
         finally:
-            await late.close()
+            await older.close()
     finally:
         admin = await asyncpg.connect(base)
         try:
