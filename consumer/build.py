@@ -16,7 +16,18 @@ import asyncpg
 from aio_pika.abc import AbstractConnection
 from opentelemetry import trace
 
-from consumer import budget, delivery, gate, isolation, overdue, registry, retry, store, worker
+from consumer import (
+    budget,
+    delivery,
+    gate,
+    isolation,
+    overdue,
+    reconcile,
+    registry,
+    retry,
+    store,
+    worker,
+)
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
@@ -78,6 +89,12 @@ def channels(settings: Settings) -> dict[str, Channel]:
                     base_url=settings.sms_api_base_url,
                     timeout_seconds=settings.http_timeout_seconds,
                     connect_timeout_seconds=settings.http_connect_timeout_seconds,
+                    # each message asks for its status callbacks at `relay receipts`
+                    status_callback_url=(
+                        f"{settings.receipts_public_url}/receipts/sms"
+                        if settings.receipts_public_url
+                        else None
+                    ),
                 )
             )
     return channels
@@ -187,6 +204,17 @@ def _store(
     return ledger_store
 
 
+def _gate(settings: Settings, budgets: budget.Budgets, metrics: Metrics) -> gate.Gate:
+    return gate.Gate(
+        guard=destination_guard(settings),
+        budgets=budgets,
+        metrics=metrics,
+        lease_seconds=settings.lease_seconds,
+        send_timeout_seconds=settings.http_timeout_seconds,
+        budget_max_wait_seconds=settings.budget_max_wait_seconds,
+    )
+
+
 async def worker_for(
     settings: Settings,
     pool: asyncpg.Pool,
@@ -212,14 +240,7 @@ async def worker_for(
     crash = CrashPoints(settings.crash_at)
     deliverer = delivery.Deliverer(
         store=ledger_store,
-        gate=gate.Gate(
-            guard=destination_guard(settings),
-            budgets=budgets,
-            metrics=metrics,
-            lease_seconds=settings.lease_seconds,
-            send_timeout_seconds=settings.http_timeout_seconds,
-            budget_max_wait_seconds=settings.budget_max_wait_seconds,
-        ),
+        gate=_gate(settings, budgets, metrics),
         channels=adapters,
         policy=policy(settings),
         metrics=metrics,
@@ -228,6 +249,12 @@ async def worker_for(
         crash=crash,
         targets=targets(settings),
         held_recheck_seconds=settings.run_hold_recheck_seconds,
+        reconciler=reconcile.Reconciler(
+            store=ledger_store,
+            metrics=metrics,
+            clock=SystemClock(),
+            hold_seconds=settings.reconcile_hold_seconds,
+        ),
     )
     return worker.Worker(
         store=ledger_store,

@@ -14,6 +14,7 @@ from consumer.channels.base import Outcome, OutcomeKind
 from consumer.retry import Action, Decision
 from service import ledger
 from service.ledger import Claimed, Completion, SendFacts, State
+from service.receipt_events import RECEIPT_CHANNELS
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Send:
 class Skip:
     """Do not send, on purpose: the row ends 'skipped' with this reason."""
 
-    reason: str  # cancelled | stale
+    reason: str  # cancelled | stale | suppressed
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ def verdict(
         return Hold(RUN_HELD, held_recheck_seconds)
     if not facts.active or not has_destination:
         return Skip("cancelled")
+    if facts.suppressed:  # a hard bounce, a complaint or an operator said: never this address
+        return Skip("suppressed")
     stale = facts.stale_after_seconds is not None and facts.age_seconds > facts.stale_after_seconds
     if stale and not facts.send_stale:
         return Skip("stale")
@@ -106,6 +109,25 @@ def skipped(row: Claimed, reason: str) -> Completion:
         state=State.SKIPPED,
         skip_reason=reason,
         record=ledger.Attempt(outcome="skipped", error=reason),
+    )
+
+
+def reconciled(row: Claimed, message_id: str, started_at: datetime) -> Completion:
+    """The completion of a row whose message the provider already had (a lost attempt's):
+    accepted, under that message's id, with no request made."""
+    return Completion(
+        row.id,
+        row.attempts,
+        State.ACCEPTED,
+        receipt=message_id,
+        record=ledger.Attempt(
+            outcome="reconciled",
+            payload_version=row.payload_version,
+            started_at=started_at,
+            latency_ms=0.0,
+            possibly_delivered=False,
+            provider_message_id=message_id,
+        ),
     )
 
 
@@ -144,6 +166,7 @@ def attempt_record(
         started_at=started_at,
         stale=stale,
         possibly_delivered=outcome.possibly_delivered,
+        provider_message_id=outcome.message_id,
     )
 
 
@@ -155,12 +178,13 @@ def after_attempt(
     *,
     now: datetime,
 ) -> Completion:
-    """The new state of ``row`` after its attempt, as the retry policy decided."""
+    """The new state of ``row`` after its attempt, as the retry policy decided. A provider
+    that sends receipts (e-mail, SMS) has only accepted it: a receipt says more later."""
     if decision.action is Action.DELIVERED:
         return Completion(
             row.id,
             row.attempts,
-            State.DELIVERED,
+            State.ACCEPTED if row.channel in RECEIPT_CHANNELS else State.DELIVERED,
             status=outcome.http_status,
             receipt=outcome.receipt,
             record=record,

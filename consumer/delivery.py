@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
-from consumer import decisions, gate, registry, unsent
+from consumer import decisions, gate, reconcile, registry, unsent
 from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
 from consumer.dispositions import Ack, DeadLetter, Disposition, Redelay
 from consumer.retry import Action, RetryPolicy
@@ -56,7 +56,9 @@ class Deliverer:
         monotonic: Callable[[], float] = time.monotonic,
         targets: registry.DestinationPolicy | None = None,
         held_recheck_seconds: float = 30.0,
+        reconciler: reconcile.Reconciler | None = None,  # None: never ask a provider first
     ) -> None:
+        self._reconciler = reconciler
         self._held_recheck = held_recheck_seconds
         self._store = store
         self._gate = gate
@@ -89,12 +91,16 @@ class Deliverer:
             return await self._unsent.defer(
                 row, "channel not configured", _UNCONFIGURED_DEFER_SECONDS
             )
+        stamp = self._store.stamp(row)  # the claim is the last check until a wait
+        if self._reconciler is not None:  # an earlier attempt may have reached the provider
+            settled = await self._reconciler.before_send(row, channel, before_wait=stamp.undo)
+            if settled is not None:
+                return settled  # the provider had it already, or cannot say yet: not sent
         try:
             secrets = self._own_secrets(row)
         except ValueError:
             self._log_unreadable(row.id)
             return await self._unsent.defer(row, _UNREADABLE, self._targets.hold_seconds)
-        stamp = self._store.stamp(row)  # the claim is the last check until a wait
         admitted = await self._gate.admit(
             row, claimed_at=claimed_at, no_new_requests=no_new_requests, before_wait=stamp.undo
         )

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from consumer.outage import DatabaseWatch
-from service import destinations, lastcheck, ledger
+from service import destinations, lastcheck, ledger, receipts, reconciliations
 from service.batching import Batcher
 from service.lastcheck import LastCheck
 from service.ledger import Claimed, Completion, State, Unclaimable
@@ -116,6 +116,15 @@ class Store:
             abandon=self._stopping,
         )
 
+    async def reconcile_candidates(self, delivery_id: int, attempt: int) -> list[int]:
+        """Earlier attempts that may have reached the provider unanswered (none: send)."""
+        return await self._watch.run(
+            lambda: reconciliations.candidates(self._pool, delivery_id, attempt)
+        )
+
+    async def record_reconciliation(self, found: reconciliations.Reconciliation) -> None:
+        await self._watch.run(lambda: reconciliations.record(self._pool, found))
+
     async def mark_dead_lettered(self, delivery_id: int, attempt: int) -> None:
         await self._watch.run(lambda: ledger.mark_dead_lettered(self._pool, delivery_id, attempt))
 
@@ -177,9 +186,18 @@ class Store:
         return [None] * len(claims)
 
     async def _complete_batch(self, completions: Sequence[Completion]) -> list[bool]:
+        accepted = [c.id for c in completions if c.state is State.ACCEPTED]
+
         async def statement() -> set[tuple[int, int]]:
             async with self._pool.acquire() as conn:
-                return await ledger.complete(conn, completions)
+                if not accepted:
+                    return await ledger.complete(conn, completions)
+                # A receipt may have come before this outcome: settle by it in the same
+                # transaction (``service.receipts`` says why nothing is missed).
+                async with conn.transaction():
+                    written = await ledger.complete(conn, completions)
+                    await receipts.settle(conn, accepted)
+                return written
 
         written = await self._watch.run(statement)
         return [(c.id, c.attempt) in written for c in completions]

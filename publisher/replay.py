@@ -198,7 +198,7 @@ class Replayer:
         repeated = delivery_id in self._judged
         self._judged.add(delivery_id)
         row = None if repeated else await ledger.state_of(self._pool, delivery_id)
-        if row is None or row[0] in (State.DELIVERED, State.SKIPPED):
+        if row is None or (row[0] in ledger.FINAL_STATES and row[0] is not State.DEAD):
             summary.stale += 1
             if not apply:
                 return False

@@ -303,7 +303,8 @@ def _email_payload_problem(payload: Mapping[str, Any], destination: str, path: s
         return f"{path}.subject: must be one non-blank line"
     if payload.get("html") is not None and not isinstance(payload["html"], str):
         return f"{path}.html: must be a string"
-    # The request as the adapter builds it, with an empty sender and room kept for one.
+    # The request as the adapter builds it, with an empty sender and no delivery tag, and
+    # room kept for both.
     message: dict[str, object] = {
         "from": "",
         "to": [destination],
@@ -313,7 +314,9 @@ def _email_payload_problem(payload: Mapping[str, Any], destination: str, path: s
     if payload.get("html") is not None:
         message["html"] = payload["html"]
     size = len(json.dumps(message, ensure_ascii=False).encode("utf-8"))
-    limit = limits.EMAIL_MAX_REQUEST_BYTES - limits.EMAIL_MAX_SENDER_BYTES
+    limit = (
+        limits.EMAIL_MAX_REQUEST_BYTES - limits.EMAIL_MAX_SENDER_BYTES - limits.EMAIL_MAX_TAGS_BYTES
+    )
     if size > limit:
         return f"{path}: {_too_large(size, limit)} for an e-mail"
     return None

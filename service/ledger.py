@@ -33,12 +33,16 @@ class State(enum.StrEnum):
     QUEUED = "queued"
     SENDING = "sending"
     RETRYING = "retrying"
-    DELIVERED = "delivered"
+    ACCEPTED = "accepted"  # e-mail, SMS: the provider took it; no receipt says more yet
+    DELIVERED = "delivered"  # a webhook's 2xx; e-mail, SMS: a receipt says it arrived
+    BOUNCED = "bounced"  # e-mail, SMS: a receipt says it did not arrive
     DEAD = "dead"
     SKIPPED = "skipped"
 
 
-FINAL_STATES = frozenset({State.DELIVERED, State.DEAD, State.SKIPPED})
+FINAL_STATES = frozenset(
+    {State.ACCEPTED, State.DELIVERED, State.BOUNCED, State.DEAD, State.SKIPPED}
+)
 # States whose row still owes a send (a message for it should exist or be published).
 OPEN_STATES = frozenset({State.PENDING, State.QUEUED, State.SENDING, State.RETRYING})
 
@@ -68,6 +72,7 @@ class SendFacts:
     # request was on the wire: it is never sent again (``stop_reason``: the action's why).
     stop_action: str | None = None
     stop_reason: str | None = None
+    suppressed: bool = False  # its address is on the suppression list of its channel
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,7 @@ class Attempt:
     started_at: datetime | None = None  # taken right before the request went out
     stale: bool = False  # sent although older than the reminder's stale_after
     possibly_delivered: bool | None = None  # False: no byte can have reached the receiver
+    provider_message_id: str | None = None  # the provider's id of the message it sent
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,7 @@ def send_facts(r: asyncpg.Record) -> SendFacts:
         run_held=bool(r.get("run_held")),
         stop_action=r.get("stop_action"),
         stop_reason=r.get("stop_reason"),
+        suppressed=bool(r.get("suppressed")),
     )
 
 
@@ -272,6 +279,7 @@ async def complete(conn: Connection, completions: Sequence[Completion]) -> set[t
         [r.started_at for r in records],
         [r.stale for r in records],
         [r.possibly_delivered for r in records],
+        [_clip(r.provider_message_id, 128) for r in records],
     )
     rows = await retry_on_conflict(lambda: conn.fetch(q("complete"), *args))
     return {(r["id"], r["attempt"]) for r in rows}
@@ -334,19 +342,11 @@ async def select_for_replay(
     executor: Executor, selection: ReplayFilter, after_id: int, limit: int
 ) -> list[tuple[int, State, bool]]:
     """One page (id, state, urgent) of rows matching ``selection``, after ``after_id``."""
+    f = selection
+    filters = (f.since, f.until, f.run_id, f.reminder_id, f.provider, f.channel, f.key)
+    states = [s.value for s in f.states]
     rows = await executor.fetch(
-        q("replay_select"),
-        [s.value for s in selection.states],
-        selection.since,
-        selection.until,
-        selection.run_id,
-        selection.reminder_id,
-        selection.provider,
-        selection.channel,
-        selection.key,
-        selection.last_status,
-        after_id,
-        limit,
+        q("replay_select"), states, *filters, f.last_status, after_id, limit
     )
     return [(r["id"], State(r["state"]), r["urgent"]) for r in rows]
 

@@ -15,6 +15,9 @@ EMAIL_MAX_REQUEST_BYTES = 512 * 1024
 # checks a payload with this room left for the sender, so what enters always fits when sent
 # whichever sender the consumer has.
 EMAIL_MAX_SENDER_BYTES = 1024
+# ... and the tag naming the delivery (``"tags": [{"name": "relay_delivery", ...}]``, which
+# receipts read) at most this much.
+EMAIL_MAX_TAGS_BYTES = 128
 
 # SMS: the message body in UTF-16 code units (never fewer than the provider counts);
 # Twilio's limit for one (concatenated) message.

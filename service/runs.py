@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from service import db, ledger
+from service import db, ledger, receipts
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ class RunReport:
     # channel -> ledger state -> rows of this run
     channels: dict[str, dict[str, int]] = field(default_factory=dict)
     held_at: datetime | None = None
+    # e-mail, SMS: channel -> rows accepted longer than RELAY_RECEIPT_WAIT_SECONDS ago that
+    # no receipt settled ("accepted, no receipt after N minutes")
+    no_receipt: dict[str, int] = field(default_factory=dict)
 
     @property
     def delivered(self) -> int:
@@ -84,9 +87,10 @@ class RunReport:
         data["owed"] = self.owed
         data["completion_ratio"] = self.completion_ratio
         data["by_channel"] = {
-            channel: summary(states) for channel, states in sorted(self.channels.items())
+            channel: summary(states, self.no_receipt.get(channel, 0), channel)
+            for channel, states in sorted(self.channels.items())
         }
-        del data["channels"]
+        del data["channels"], data["no_receipt"]
         return data
 
 
@@ -96,9 +100,11 @@ def completion(states: dict[str, int]) -> float | None:
     return None if total == 0 else states.get(ledger.State.DELIVERED, 0) / total
 
 
-def summary(states: dict[str, int]) -> dict[str, Any]:
-    """owed, delivered, skipped, dead, pending (not final) and the completion ratio."""
-    return {
+def summary(states: dict[str, int], no_receipt: int = 0, channel: str = "") -> dict[str, Any]:
+    """owed, delivered, skipped, dead, pending (not final) and the completion ratio; for a
+    channel with receipts also accepted (no receipt yet), of those ``no_receipt`` (past
+    the wait), and bounced, none of which is delivered."""
+    counts = {
         "owed": sum(states.values()),
         "delivered": states.get(ledger.State.DELIVERED, 0),
         "skipped": states.get(ledger.State.SKIPPED, 0),
@@ -106,6 +112,11 @@ def summary(states: dict[str, int]) -> dict[str, Any]:
         "pending": sum(states.get(s, 0) for s in ledger.OPEN_STATES),
         "completion_ratio": completion(states),
     }
+    if receipts.waits_for_receipt(channel):
+        counts["accepted"] = states.get(ledger.State.ACCEPTED, 0)
+        counts["no_receipt"] = no_receipt
+        counts["bounced"] = states.get(ledger.State.BOUNCED, 0)
+    return counts
 
 
 async def start(
@@ -218,13 +229,19 @@ async def reports(
     kind: str | None = None,
     *,
     nonempty: bool = False,
+    receipt_wait_seconds: float = 900.0,
 ) -> list[RunReport]:
     """Reports of recent runs, newest first (``nonempty``: only runs that admitted work).
 
-    ``now`` is the database's clock, for the age of the oldest pending row.
+    ``now`` is the database's clock, for the age of the oldest pending row; an e-mail or
+    SMS accepted longer than ``receipt_wait_seconds`` ago without a receipt is counted as
+    having none.
     """
     found = await _recent(executor, run_id, count, kind, nonempty)
     await _count_states(executor, found, now)
+    overdue = await receipts.overdue_by_run(executor, list(found), receipt_wait_seconds)
+    for run, by_channel in overdue.items():
+        found[run].no_receipt = by_channel
     for row in await executor.fetch(db.q("run_lateness"), list(found)):
         report = found[row["run_id"]]
         report.lateness_p50_seconds = row["p50"]

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 class OutcomeKind(enum.StrEnum):
     """How a provider answered one attempt."""
 
-    ACCEPTED = "accepted"  # 2xx: delivered, receipt recorded
+    ACCEPTED = "accepted"  # 2xx: a webhook delivered; e-mail, SMS accepted (await a receipt)
     RETRY = "retry"  # 5xx, timeout, connection error: possibly delivered, retry with same key
     THROTTLED = "throttled"  # 429 or a provider throttle signal: retry after the given delay
     REJECTED = "rejected"  # other 4xx, refused destination: dead now
@@ -47,6 +47,7 @@ class Outcome:
     kind: OutcomeKind
     http_status: int | None = None
     receipt: str | None = None  # provider message id or a bounded status excerpt
+    message_id: str | None = None  # the provider's id of the message (what receipts name)
     error: str | None = None  # short reason, e.g. "timeout", "http 503", "ssrf: private address"
     retry_after_seconds: float | None = None  # from Retry-After or a provider throttle signal
     response_excerpt: str | None = None  # bounded, for support work
@@ -57,6 +58,36 @@ class Outcome:
     # connecting (timeout, reset), where the provider may have acted on the
     # request: a retry must reuse the key and may still duplicate (SMS).
     possibly_delivered: bool = True
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    """What reconciliation asks a provider: did a message for this delivery arrive?"""
+
+    delivery_id: int
+    idempotency_key: str
+    destination: str
+    payload: dict[str, Any]
+    since: datetime  # no message for this delivery can be older (its occurrence)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The provider's answer: ``found`` (with its message id and status), ``not_found``,
+    or ``unknown`` (it could not say: ``error``). Never contains recipient data."""
+
+    answer: str  # found | not_found | unknown
+    message_id: str | None = None
+    status: str | None = None
+    error: str | None = None
+
+
+class Reconcilable(Protocol):
+    """A channel whose provider can be asked whether a message exists."""
+
+    async def lookup(self, request: LookupRequest) -> Lookup:
+        """Ask the provider; never raises for provider failures (``unknown``)."""
+        ...
 
 
 class Channel(Protocol):

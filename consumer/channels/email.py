@@ -10,7 +10,8 @@ Request::
     Idempotency-Key: <idempotency key>
     Content-Type: application/json
 
-    {"from": <sender>, "to": [<destination>], "subject": ..., "text": ..., "html": ...}
+    {"from": <sender>, "to": [<destination>], "subject": ..., "text": ..., "html": ...,
+     "tags": [{"name": "relay_delivery", "value": "<delivery id>"}]}
 
 ``SendRequest.destination`` is the recipient address. ``SendRequest.payload``
 keys (anything else is ignored):
@@ -23,7 +24,10 @@ Resend honours ``Idempotency-Key`` for 24 hours: a retry with the same key and
 same body returns the original answer without sending again, so a timeout
 retry does not produce a second email inside that window.
 
-A 2xx answer ``{"id": "..."}`` gives the receipt. Errors
+A 2xx answer ``{"id": "..."}`` gives the receipt: the message id, which the provider's
+status callbacks name (``relay receipts``). The ``relay_delivery`` tag (the same for every
+attempt of a delivery, so a retry's body is the same request under its key) comes back in
+those callbacks too, so a receipt finds its delivery even before the outcome is written. Errors
 ``{"statusCode": 422, "name": "validation_error", "message": "..."}`` are
 reported by ``name`` only: provider messages can quote the recipient address,
 so they are never copied into an Outcome.
@@ -34,15 +38,21 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from pydantic import SecretStr
 
 from consumer.channels import http
-from consumer.channels.base import Outcome, OutcomeKind, SendRequest
-from service import limits
+from consumer.channels.base import Lookup, LookupRequest, Outcome, OutcomeKind, SendRequest
+from service import limits, receipt_events
 
 __all__ = ["EmailChannel", "EmailConfig"]
+
+# Reconciliation reads at most this many pages of 100 sent e-mails, each at most this big;
+# a provider clock this far behind ours still counts as "since the occurrence".
+_LOOKUP_PAGES = 10
+_LOOKUP_BYTES = 1024 * 1024
+_CLOCK_SLACK = timedelta(minutes=5)
 
 # Deliberately loose: the provider validates addresses properly. We only keep
 # out things that could change the request's meaning (lists, CR/LF, brackets).
@@ -92,6 +102,8 @@ def _build_message(sender: str, request: SendRequest) -> dict[str, object] | str
         if not isinstance(html, str):
             return "payload invalid 'html'"
         message["html"] = html
+    # The tag naming the delivery (Resend tags: ASCII letters, digits, '_' and '-').
+    message["tags"] = [{"name": receipt_events.DELIVERY_TAG, "value": str(request.delivery_id)}]
     return message
 
 
@@ -155,6 +167,7 @@ class EmailChannel:
                 kind=OutcomeKind.ACCEPTED,
                 http_status=status,
                 receipt=message_id or f"http {status}",
+                message_id=message_id,
             )
 
         name = http.safe_token(parsed.get("name"), 64) if parsed else None
@@ -184,6 +197,75 @@ class EmailChannel:
             return replace(outcome, kind=OutcomeKind.RETRY)
         return outcome
 
+    async def lookup(self, request: LookupRequest) -> Lookup:
+        """Reconciliation: did an earlier attempt's e-mail reach the provider?
+
+        Resend lists sent e-mails newest first (``GET /emails``, ``limit``, ``after``): one
+        to this recipient with this subject, created since the occurrence, is the one an
+        earlier attempt sent (an occurrence sends one e-mail). At most ``_LOOKUP_PAGES``
+        pages are read; more e-mails than that since the occurrence, or any failure, is
+        ``unknown``. Never raises for provider failures."""
+        headers = {
+            "Authorization": f"Bearer {http.secret_value(self._config.api_key)}",
+            "User-Agent": self._config.user_agent,
+        }
+        since = request.since - _CLOCK_SLACK
+        after: str | None = None
+        for _ in range(_LOOKUP_PAGES):
+            params = {"limit": "100"} | ({"after": after} if after else {})
+            try:
+                reply = await http.get_bounded(
+                    self._session.get(),
+                    self._url,
+                    max_response_bytes=_LOOKUP_BYTES,
+                    params=params,
+                    headers=headers,
+                )
+            except http.TRANSPORT_ERRORS as exc:
+                return Lookup("unknown", error=http.transport_outcome(exc).error)
+            page = http.try_json_object(reply.body.data)
+            items = page.get("data") if page else None
+            if reply.status != 200 or page is None or not isinstance(items, list):
+                return Lookup("unknown", error=f"http {reply.status}")
+            for item in items:
+                found = _match(item, request, since)
+                if found is not None:
+                    return found
+            last = items[-1].get("id") if items and isinstance(items[-1], dict) else None
+            if not page.get("has_more") or not isinstance(last, str):
+                return Lookup("not_found")
+            after = last
+        return Lookup("unknown", error="more e-mails since the occurrence than one look reads")
+
     async def close(self) -> None:
         """Close the shared session; safe to call twice."""
         await self._session.close()
+
+
+def _match(item: object, request: LookupRequest, since: datetime) -> Lookup | None:
+    """``found`` for the e-mail the request's delivery sent, ``not_found`` once the list
+    (newest first) is older than ``since``, None to read on."""
+    if not isinstance(item, dict):
+        return None
+    created = _created(item.get("created_at"))
+    if created is not None and created < since:
+        return Lookup("not_found")
+    to = item.get("to")
+    recipients = [a.lower() for a in to if isinstance(a, str)] if isinstance(to, list) else []
+    if request.destination.lower() in recipients and item.get("subject") == request.payload.get(
+        "subject"
+    ):
+        message_id = http.safe_token(item.get("id"))
+        if message_id is not None:
+            return Lookup("found", message_id, http.safe_token(item.get("last_event"), 64))
+    return None
+
+
+def _created(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        created = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return created if created.tzinfo is not None else created.replace(tzinfo=UTC)

@@ -45,6 +45,7 @@ __all__ = [
     "check_provider_config",
     "classify_status",
     "excerpt",
+    "get_bounded",
     "parse_retry_after",
     "post_bounded",
     "read_bounded",
@@ -187,6 +188,19 @@ async def post_bounded(
     so an unread remainder is never drained.
     """
     async with session.post(url, allow_redirects=False, **kwargs) as response:
+        body = await read_bounded(response, max_response_bytes)
+        return HttpReply(status=response.status, headers=response.headers, body=body)
+
+
+async def get_bounded(
+    session: aiohttp.ClientSession,
+    url: str | yarl.URL,
+    *,
+    max_response_bytes: int,
+    **kwargs: Any,
+) -> HttpReply:
+    """GET once without following redirects and read a bounded body (as ``post_bounded``)."""
+    async with session.get(url, allow_redirects=False, **kwargs) as response:
         body = await read_bounded(response, max_response_bytes)
         return HttpReply(status=response.status, headers=response.headers, body=body)
 

@@ -11,6 +11,7 @@ Request::
 
     To=<destination>&From=<from_number>&Body=<payload["body"]>
     (MessagingServiceSid=<sid> instead of From when configured)
+    &StatusCallback=<status_callback_url>?delivery=<delivery id>   (when configured)
 
 ``SendRequest.destination`` is the recipient in E.164 form (``+15551234567``).
 ``SendRequest.payload["body"]`` is the text: a non-empty str of at most 1600
@@ -18,9 +19,12 @@ characters (counted as UTF-16 code units, which is never fewer than Twilio
 counts). Other payload keys are ignored.
 
 A 2xx answer ``{"sid": "SM...", "status": "queued", ...}`` gives the receipt
-(the sid). Errors ``{"code": 21211, "message": "...", "status": 400}`` are
-reported as ``"twilio 21211"``; Twilio messages quote phone numbers, so they
-are never copied into an Outcome, and neither is the success body.
+(the sid). With ``status_callback_url`` (``relay receipts``' public address), each message
+asks Twilio for status callbacks there, naming its delivery in the query, so a callback
+finds its delivery even before the outcome is written. Errors
+``{"code": 21211, "message": "...", "status": 400}`` are reported as ``"twilio 21211"``;
+Twilio messages quote phone numbers, so they are never copied into an Outcome, and neither
+is the success body.
 
 Idempotency: Twilio's Messages API has no idempotency key. Duplicates are
 prevented only by the ledger's claim on the delivery. An attempt that times out
@@ -34,15 +38,17 @@ attempts.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 
 from pydantic import SecretStr
 
 from consumer.channels import http
-from consumer.channels.base import Outcome, OutcomeKind, SendRequest
-from service import limits
+from consumer.channels.base import Lookup, LookupRequest, Outcome, OutcomeKind, SendRequest
+from service import limits, receipt_events
 
 __all__ = ["MAX_BODY_CHARS", "SmsChannel", "SmsConfig"]
 
@@ -50,6 +56,11 @@ MAX_BODY_CHARS = limits.SMS_MAX_BODY_CHARS  # Twilio's limit, as checked at entr
 _E164 = re.compile(r"\+[1-9][0-9]{1,14}")
 _ACCOUNT_SID = re.compile(r"AC[0-9a-fA-F]{32}")
 _SERVICE_SID = re.compile(r"MG[0-9a-fA-F]{32}")
+# Reconciliation reads at most this many pages of messages to one number, each at most this
+# big; a provider clock this far behind ours still counts as "since the occurrence".
+_LOOKUP_PAGES = 10
+_LOOKUP_BYTES = 1024 * 1024
+_CLOCK_SLACK = timedelta(minutes=5)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +81,7 @@ class SmsConfig:
     max_response_bytes: int = 16 * 1024
     max_response_excerpt_bytes: int = 512
     user_agent: str = "reminder-relay-sms/1"
+    status_callback_url: str | None = None  # where Twilio posts status callbacks
     connection_limit: int = 20
     trust_env: bool = False  # honour HTTP(S)_PROXY for the provider connection
 
@@ -130,6 +142,11 @@ class SmsChannel:
         else:
             assert self._config.from_number is not None
             form["From"] = self._config.from_number
+        if self._config.status_callback_url:
+            form["StatusCallback"] = (
+                f"{self._config.status_callback_url}"
+                f"?{receipt_events.DELIVERY_PARAMETER}={request.delivery_id}"
+            )
         return form
 
     async def send(self, request: SendRequest) -> Outcome:
@@ -166,6 +183,7 @@ class SmsChannel:
                 kind=OutcomeKind.ACCEPTED,
                 http_status=status,
                 receipt=sid or f"http {status}",
+                message_id=sid,
             )
 
         code = parsed.get("code") if parsed else None
@@ -185,6 +203,68 @@ class SmsChannel:
             detail=f"twilio {code_token}" if code_token else None,
         )
 
+    async def lookup(self, request: LookupRequest) -> Lookup:
+        """Reconciliation: did an earlier attempt's message reach Twilio?
+
+        Twilio lists messages newest first (``GET Messages.json?To=...``, paged by
+        ``next_page_uri``): one to this number, created since the occurrence, whose body
+        hashes like this delivery's is the one an earlier attempt sent. At most
+        ``_LOOKUP_PAGES`` pages are read; more than that, or any failure, is ``unknown``.
+        Never raises for provider failures."""
+        body = request.payload.get("body")
+        digest = hashlib.sha256(body.encode()).digest() if isinstance(body, str) else None
+        since = request.since - _CLOCK_SLACK
+        url: str | None = self._url
+        params: dict[str, str] | None = {"To": request.destination, "PageSize": "100"}
+        for _ in range(_LOOKUP_PAGES):
+            assert url is not None
+            try:
+                reply = await http.get_bounded(
+                    self._session.get(),
+                    url,
+                    max_response_bytes=_LOOKUP_BYTES,
+                    params=params,
+                    headers={"Authorization": self._authorization, "Accept": "application/json"},
+                )
+            except http.TRANSPORT_ERRORS as exc:
+                return Lookup("unknown", error=http.transport_outcome(exc).error)
+            page = http.try_json_object(reply.body.data)
+            messages = page.get("messages") if page else None
+            if reply.status != 200 or page is None or not isinstance(messages, list):
+                return Lookup("unknown", error=f"http {reply.status}")
+            for message in messages:
+                found = _match(message, digest, since)
+                if found is not None:
+                    return found
+            next_page = page.get("next_page_uri")
+            if not isinstance(next_page, str) or not next_page.startswith("/"):
+                return Lookup("not_found")
+            url, params = f"{self._config.base_url}{next_page}", None
+        return Lookup("unknown", error="more messages since the occurrence than one look reads")
+
     async def close(self) -> None:
         """Close the shared session; safe to call twice."""
         await self._session.close()
+
+
+def _match(message: object, digest: bytes | None, since: datetime) -> Lookup | None:
+    """``found`` for the message with this body's hash, ``not_found`` once the list
+    (newest first) is older than ``since``, None to read on."""
+    if not isinstance(message, dict):
+        return None
+    try:
+        created = parsedate_to_datetime(str(message.get("date_created")))
+    except (TypeError, ValueError, IndexError):
+        created = None
+    if created is not None and created.tzinfo is not None and created < since:
+        return Lookup("not_found")
+    body = message.get("body")
+    if (
+        digest is not None
+        and isinstance(body, str)
+        and hashlib.sha256(body.encode()).digest() == digest
+    ):
+        sid = http.safe_token(message.get("sid"), 64)
+        if sid is not None:
+            return Lookup("found", sid, http.safe_token(message.get("status"), 64))
+    return None

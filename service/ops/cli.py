@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 import uvloop
 
 from service import errors, logs, settings
-from service.ops import cli_events, cli_operators
+from service.ops import cli_events, cli_operators, cli_receipts
 from service.ops.console import cli_args as console_args
 
 _log = logs.get("cli")
@@ -57,6 +57,7 @@ HANDLERS = {
     "replay": "publisher.commands:replay",
     "consume": "consumer.commands:consume",
     **cli_operators.HANDLERS,
+    **cli_receipts.HANDLERS,
     **cli_events.HANDLERS,
     **console_args.HANDLERS,
 }
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "resume", "resume admission", "relay resume")
     _add_partner_and_demo(sub)
     console_args.add(sub, _command)
+    cli_receipts.add(sub, _command)
     return parser
 
 

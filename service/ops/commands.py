@@ -191,9 +191,12 @@ async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return errors.ExitCode.OK
 
 
-async def _status_missing(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
+async def _status_missing(
+    args: argparse.Namespace, pool: asyncpg.Pool, receipt_wait_seconds: float
+) -> int:
     """``relay status --missing``: who did not get it, of the run (the latest that admitted
-    anything, by default), of the outbox intents and, grouped by event, of the events."""
+    anything, by default), of the outbox intents and, grouped by event, of the events; an
+    accepted e-mail or SMS says how long its provider has had it without a receipt."""
     run_id = args.run or await runs.latest_with_work(pool)
     rows = [] if run_id is None else await status_mod.missing(pool, run_id, args.limit)
     outbox = await status_mod.outbox_missing(pool, args.limit)
@@ -205,7 +208,7 @@ async def _status_missing(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
     print(
         status_mod.to_json(found)
         if args.json
-        else status_mod.render_missing(run_id, rows, outbox, by_event)
+        else status_mod.render_missing(run_id, rows, outbox, by_event, receipt_wait_seconds)
     )
     return errors.ExitCode.OK
 
@@ -214,11 +217,16 @@ async def status(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         now = await pool.fetchval(db.q("db_now"))
         if args.missing:
-            return await _status_missing(args, pool)
+            return await _status_missing(args, pool, settings.receipt_wait_seconds)
         reports = await runs.reports(
-            pool, args.run, args.runs, now, nonempty=args.run is None and not args.all_runs
+            pool,
+            args.run,
+            args.runs,
+            now,
+            nonempty=args.run is None and not args.all_runs,
+            receipt_wait_seconds=settings.receipt_wait_seconds,
         )
-        totals = await status_mod.overall(pool)
+        totals = await status_mod.overall(pool, settings.receipt_wait_seconds)
         actions = await status_mod.actions(pool, [r.run_id for r in reports])
     if args.json:
         print(status_mod.to_json({"runs": status_mod.runs_json(reports, actions), **totals}))

@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from service import db, entry, errors, events
+from service import db, entry, errors, events, receipts, reconciliations
 from service.ledger import State
 from service.ops import redaction
 from service.settings import Settings
@@ -61,11 +61,16 @@ def _schedule(row: asyncpg.Record) -> str | None:
 _ROW_FIELDS = (
     "id idempotency_key source channel provider state occurrence_at urgent attempts replays "
     "next_attempt_at last_status last_error receipt skip_reason run_id created_at "
-    "published_at first_attempt_at finished_at dead_lettered_at"
+    "published_at first_attempt_at finished_at dead_lettered_at settled_at"
 ).split()
 
 
-def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]:
+def story(
+    row: asyncpg.Record,
+    attempts: list[asyncpg.Record],
+    receipts_of: list[dict[str, Any]],
+    reconciled: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The JSON document of ``deliveries show`` (stable field names, documented)."""
     data: dict[str, Any] = {name: row[name] for name in _ROW_FIELDS}
     data["last_error"] = redaction.text(row["last_error"])
@@ -106,9 +111,12 @@ def story(row: asyncpg.Record, attempts: list[asyncpg.Record]) -> dict[str, Any]
             "reply_excerpt": redaction.text(a["response_excerpt"]),
             "possibly_delivered": a["possibly_delivered"],
             "stale": a["stale"],
+            "provider_message_id": a["provider_message_id"],
         }
         for a in attempts
     ]
+    data["receipts"] = [{**r, "reason": redaction.text(r["reason"])} for r in receipts_of]
+    data["reconciliations"] = [{**r, "error": redaction.text(r["error"])} for r in reconciled]
     return data
 
 
@@ -162,7 +170,54 @@ def render_story(data: dict[str, Any]) -> str:
             lines.append(f"        reply: {a['reply_excerpt']}")
         if a["error"] and a["http_status"] is not None:
             lines.append(f"        error: {a['error']}")
+        if a["provider_message_id"]:
+            lines.append(f"        provider message: {a['provider_message_id']}")
+    lines.extend(_receipt_lines(data["receipts"]))
+    lines.extend(_reconciliation_lines(data["reconciliations"]))
     return "\n".join(lines)
+
+
+def _receipt_lines(found: list[dict[str, Any]]) -> list[str]:
+    """The provider's receipts, as they came (e-mail and SMS; none for a webhook)."""
+    if not found:
+        return []
+    lines = [f"receipts ({len(found)}):"]
+    for r in found:
+        why = f" {r['reason']}" if r["reason"] else ""
+        hard = " (permanent)" if r["permanent"] else ""
+        lines.append(
+            f"  {_t(r['received_at'])}  {r['outcome']:<10} {r['event']}{why}{hard}"
+            f"  message {r['provider_message_id']}"
+        )
+    return lines
+
+
+_POLICIES = {
+    "no_resend": "not sent again",
+    "resend": "sent again",
+    "resend_same_key": "sent again with the same key (policy for e-mail when the provider "
+    "cannot say: it answers a repeated key with the first message)",
+    "hold": "held, to ask again (policy for SMS when the provider cannot say: never a second text)",
+}
+
+
+def _reconciliation_lines(found: list[dict[str, Any]]) -> list[str]:
+    """Each time the provider was asked before a resend, what it said and what followed."""
+    if not found:
+        return []
+    lines = [f"reconciliations ({len(found)}):"]
+    for r in found:
+        about = ", ".join(f"#{a}" for a in r["checked_attempts"])
+        said = r["answer"].replace("_", " ")
+        if r["provider_message_id"]:
+            said += f" (message {r['provider_message_id']}, {r['provider_status'] or '-'})"
+        if r["error"]:
+            said += f" ({r['error']})"
+        lines.append(
+            f"  {_t(r['asked_at'])}  attempt #{r['attempt']} asked about {about}: {said}; "
+            f"{_POLICIES.get(r['policy'], r['policy'])}"
+        )
+    return lines
 
 
 async def show(args: argparse.Namespace, settings: Settings) -> int:
@@ -175,8 +230,10 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
             print(f"relay: no delivery with {what}", file=sys.stderr)
             return errors.ExitCode.INCOMPLETE
         attempts = list(await pool.fetch(db.q("delivery_attempts_of"), row["id"]))
+        found = await receipts.of_delivery(pool, row["id"])
+        reconciled = await reconciliations.of_delivery(pool, row["id"])
         event = None if row["event_id"] is None else await events.get(pool, row["event_id"])
-    data = story(row, attempts)
+    data = story(row, attempts, found, reconciled)
     data["event"] = event
     print(to_json(data) if args.json else render_story(data))
     return errors.ExitCode.OK

@@ -4,11 +4,13 @@ Each run makes its own database (``relay_demo_<hex>``) on the configured Postgre
 and uses its own broker namespace (``relay-demo-<hex>``), so two demos on the same servers
 never meet; both are removed when the run ends, however it ends (``--keep`` leaves them).
 It starts the demo partner endpoint (which verifies signatures and counts logical events
-per idempotency key), loads sample reminders due now (a few pointing at a path that fails
-once with 503, a few at one that rejects with 400), then runs ``relay migrate``, ``relay
-reminders load``, ``relay publish`` and ``relay consume`` as subprocesses — exactly what an
-operator would run — until the ledger has nothing left to do, and prints the run report and
-the partner's counts.
+per idempotency key) and local e-mail and SMS providers (``demo_providers``: they post
+signed receipts, some late, some bounces), loads sample reminders due now (a few webhooks
+pointing at a path that fails once with 503, a few at one that rejects with 400; e-mails
+and SMS), then runs ``relay migrate``, ``relay reminders load``, ``relay receipts``, ``relay
+publish`` and ``relay consume`` as subprocesses — exactly what an operator would run — until
+the ledger has nothing left to do and no receipt is awaited, and prints the run report, the
+partner's and the providers' counts and the suppressions.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from service import amqp, db, errors
+from service import amqp, db, errors, receipts
+from service.ops import demo_providers
 from service.ops import partner as partner_mod
 from service.settings import Settings
 
@@ -195,12 +198,18 @@ def _demo_partner(secret: str) -> partner_mod.Partner:
 
 
 async def _migrate_and_load(relay: _Relay, state_dir: Path, count: int, port: int) -> bool:
-    """``relay migrate``, then ``relay reminders load`` of ``count`` reminders due now."""
+    """``relay migrate``, then ``relay reminders load`` of ``count`` webhook reminders and
+    a twentieth as many (at least 8) e-mail and SMS ones, due now."""
     if await relay.run("migrate") != 0:
         return False
     reminders_file = state_dir / "reminders.jsonl"
-    reminders_file.write_text("\n".join(_reminder_lines(count, port)) + "\n")
-    print(f"-- loading {count} reminders due now", flush=True)
+    messages = max(8, count // 20)
+    lines = _reminder_lines(count, port) + demo_providers.reminder_lines(messages)
+    reminders_file.write_text("\n".join(lines) + "\n")
+    print(
+        f"-- loading {count} webhook, {messages} e-mail and {messages} SMS reminders due now",
+        flush=True,
+    )
     return await relay.run("reminders", "load", str(reminders_file)) == 0
 
 
@@ -225,13 +234,15 @@ async def _start_consumers(
 
 
 async def _wait_until_drained(database_url: str, timeout_seconds: float) -> None:
-    """Return when the ledger has no open row left, or after ``timeout_seconds``."""
+    """Return when the ledger has no open row left and no e-mail or SMS waits for its
+    receipt (those the providers deliver late too), or after ``timeout_seconds``."""
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             left = await _open_rows(pool)
-            if left == 0:
+            waiting = await receipts.overdue_total(pool, 0.0)
+            if left == 0 and waiting == 0:
                 break
             await asyncio.sleep(0.5)
     finally:
@@ -262,8 +273,11 @@ async def _kill_left(consumers: list[asyncio.subprocess.Process]) -> None:
             await proc.wait()
 
 
-async def _report(relay: _Relay, partner: partner_mod.Partner) -> None:
-    """The run report, who did not get it, and what the partner endpoint saw."""
+async def _report(
+    relay: _Relay, partner: partner_mod.Partner, providers: demo_providers.Providers
+) -> None:
+    """The run report, who did not get it, what the partner endpoint and the e-mail and
+    SMS providers saw, and the addresses their receipts suppressed."""
     print("-- run report (relay status)", flush=True)
     await relay.run("status")
     print("-- who did not get it (relay status --missing)", flush=True)
@@ -275,6 +289,10 @@ async def _report(relay: _Relay, partner: partner_mod.Partner) -> None:
         f"duplicates={stats['duplicates']} bad signatures={stats['bad_signatures']}"
     )
     print(f"   by path: {json.dumps(stats['by_path'], sort_keys=True)}", flush=True)
+    print("-- e-mail and SMS providers saw (their receipts went to relay receipts)", flush=True)
+    print("\n".join(providers.summary()), flush=True)
+    print("-- suppressed by receipts (relay suppressions list)", flush=True)
+    await relay.run("suppressions", "list")
 
 
 async def main(args: argparse.Namespace, settings: Settings) -> int:
@@ -290,12 +308,17 @@ async def _run(args: argparse.Namespace, run: _Run) -> int:
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
     partner = _demo_partner(secret)
     runner, port = await partner_mod.start(partner)
-    relay = _Relay(_demo_env(run, secret))
+    providers = await demo_providers.start()
+    relay = _Relay({**_demo_env(run, secret), **providers.env()})
     consumers: list[asyncio.subprocess.Process] = []
     log_path = run.state_dir / "consumers.log"
     try:
         if not await _migrate_and_load(relay, run.state_dir, args.reminders, port):
             return errors.ExitCode.INCOMPLETE
+        with open(run.state_dir / "receipts.log", "w") as receipts_log:
+            consumers.append(
+                await relay.start("receipts", stderr=receipts_log)
+            )  # stopped with them
         started = time.monotonic()
         await _publish(relay, run.state_dir)
         await _start_consumers(relay, args.consumers, log_path, consumers)
@@ -303,8 +326,9 @@ async def _run(args: argparse.Namespace, run: _Run) -> int:
         elapsed = time.monotonic() - started
         await _stop(consumers)
         print(f"-- drained in {elapsed:.1f} s; consumer logs: {log_path}", flush=True)
-        await _report(relay, partner)
+        await _report(relay, partner, providers)
         return errors.ExitCode.OK
     finally:
         await _kill_left(consumers)
         await runner.cleanup()
+        await providers.close()

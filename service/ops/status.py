@@ -14,11 +14,11 @@ from typing import Any
 
 import asyncpg
 
-from service import control, db, events, ledger, runs
+from service import control, db, events, ledger, receipts, runs
 from service.ops import redaction
 
 
-async def overall(pool: asyncpg.Pool) -> dict[str, Any]:
+async def overall(pool: asyncpg.Pool, receipt_wait_seconds: float = 900.0) -> dict[str, Any]:
     counts = {r["state"]: r["n"] for r in await pool.fetch(db.q("overall_state_counts"))}
     oldest = await pool.fetchval(db.q("oldest_claimable_age"))
     admission = await pool.fetchrow(db.q("admission_state"))
@@ -29,6 +29,8 @@ async def overall(pool: asyncpg.Pool) -> dict[str, Any]:
         "outbox": await _outbox(pool, events=False),
         "event_deliveries": await _outbox(pool, events=True),
         "admission": dict(admission),
+        "no_receipt": await receipts.overdue_total(pool, receipt_wait_seconds),
+        "receipt_wait_seconds": receipt_wait_seconds,
     }
 
 
@@ -103,7 +105,7 @@ def render_table(
     )
     lines = [header, "-" * len(header)]
     for r in reports:
-        lines.extend(_run_lines(r, recorded or []))
+        lines.extend(_run_lines(r, recorded or [], totals.get("receipt_wait_seconds", 900.0)))
     states = totals["states"]
     summary = ", ".join(f"{k}={states[k]}" for k in sorted(states)) or "no deliveries"
     lines.append("")
@@ -115,6 +117,11 @@ def render_table(
             pending_age = outbox["oldest_pending_seconds"]
             age = f"; oldest pending {pending_age:.0f} s" if pending_age is not None else ""
             lines.append(f"{what} (no run): {parts}{age}")
+    if states.get(ledger.State.ACCEPTED):
+        lines.append(
+            f"accepted by a provider, no receipt yet: {states[ledger.State.ACCEPTED]} "
+            f"({totals['no_receipt']} after {_minutes(totals['receipt_wait_seconds'])})"
+        )
     oldest = totals["oldest_claimable_seconds"]
     lines.append(
         "oldest claimable delivery: " + ("none" if oldest is None else f"{oldest:.0f} s old")
@@ -128,7 +135,9 @@ def render_table(
     return "\n".join(lines)
 
 
-def _run_lines(r: runs.RunReport, recorded: list[control.RunAction]) -> list[str]:
+def _run_lines(
+    r: runs.RunReport, recorded: list[control.RunAction], receipt_wait_seconds: float
+) -> list[str]:
     """One run's row of the table and the lines below it."""
     lines = []
     open_ = sum(r.states.get(s, 0) for s in _OPEN)
@@ -150,7 +159,7 @@ def _run_lines(r: runs.RunReport, recorded: list[control.RunAction]) -> list[str
         lines.append(f"{'':>5} oldest pending: {r.oldest_pending_seconds:.0f} s")
     if r.held_at is not None:
         lines.append(f"{'':>5} HELD since {r.held_at:%Y-%m-%d %H:%M:%S}")
-    lines.extend(_channel_lines(r))
+    lines.extend(_channel_lines(r, receipt_wait_seconds))
     for a in recorded:
         if a.run_id == r.run_id:
             lines.append(
@@ -177,17 +186,28 @@ def _reached(a: control.RunAction) -> str:
     return text
 
 
-def _channel_lines(r: runs.RunReport) -> list[str]:
-    """Per channel: delivered / owed, with skipped, dead and pending beside it."""
+def _channel_lines(r: runs.RunReport, receipt_wait_seconds: float) -> list[str]:
+    """Per channel: delivered / owed, with skipped, dead and pending beside it; for e-mail
+    and SMS also accepted (no receipt yet; how many past the wait) and bounced."""
     lines = []
     for channel, states in sorted(r.channels.items()):
-        s = runs.summary(states)
+        s = runs.summary(states, r.no_receipt.get(channel, 0), channel)
+        receipt = (
+            f", accepted {s['accepted']} (no receipt after "
+            f"{_minutes(receipt_wait_seconds)}: {s['no_receipt']}), bounced {s['bounced']}"
+            if "accepted" in s
+            else ""
+        )
         lines.append(
             f"{'':>5} {channel}: delivered {s['delivered']}/{s['owed']} "
-            f"({_fmt_ratio(s['completion_ratio'])}), skipped {s['skipped']}, "
+            f"({_fmt_ratio(s['completion_ratio'])}){receipt}, skipped {s['skipped']}, "
             f"dead {s['dead']}, pending {s['pending']}"
         )
     return lines
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def render_missing(
@@ -195,19 +215,22 @@ def render_missing(
     rows: list[dict[str, Any]],
     outbox: list[dict[str, Any]] | None = None,
     by_event: list[dict[str, Any]] | None = None,
+    receipt_wait_seconds: float = 900.0,
 ) -> str:
     text = (
         "no publish run has admitted anything yet"
         if run_id is None
-        else _render_missing_rows(f"run {run_id}", rows)
+        else _render_missing_rows(f"run {run_id}", rows, receipt_wait_seconds)
     )
-    text += "\n" + _render_missing_rows("outbox intents (no run)", outbox or [])
+    text += "\n" + _render_missing_rows(
+        "outbox intents (no run)", outbox or [], receipt_wait_seconds
+    )
     if by_event:  # said only when some event's delivery is missing
-        text += "\n" + _render_event_missing(by_event)
+        text += "\n" + _render_event_missing(by_event, receipt_wait_seconds)
     return text
 
 
-def _render_event_missing(groups: list[dict[str, Any]]) -> str:
+def _render_event_missing(groups: list[dict[str, Any]], wait_seconds: float) -> str:
     """Events whose deliveries were not all delivered: per event, who did not get it."""
     lines = [f"events (no run): {len(groups)} with deliveries not delivered"]
     for g in groups:
@@ -216,19 +239,14 @@ def _render_event_missing(groups: list[dict[str, Any]]) -> str:
             f"({g['created_at']:%Y-%m-%d %H:%M:%S}): {len(g['missing'])} not delivered"
         )
         for r in g["missing"]:
-            why = (
-                f"{r['next_attempt_at']:%Y-%m-%d %H:%M:%S}"
-                if r["next_attempt_at"]
-                else (r["skip_reason"] or r["last_error"] or "")
-            )
             lines.append(
                 f"  {r['id']:>9} {r['destination'] or '-':<32} {r['state']:<9} "
-                f"{r['last_status'] or '-':>5} {r['attempts']:>3}  {why}"
+                f"{r['last_status'] or '-':>5} {r['attempts']:>3}  {_why_missing(r, wait_seconds)}"
             )
     return "\n".join(lines)
 
 
-def _render_missing_rows(what: str, rows: list[dict[str, Any]]) -> str:
+def _render_missing_rows(what: str, rows: list[dict[str, Any]], wait_seconds: float) -> str:
     if not rows:
         return f"{what}: every delivery was delivered"
     header = (
@@ -237,17 +255,26 @@ def _render_missing_rows(what: str, rows: list[dict[str, Any]]) -> str:
     )
     lines = [f"{what}: {len(rows)} not delivered", header, "-" * len(header)]
     for r in rows:
-        why = (
-            f"{r['next_attempt_at']:%Y-%m-%d %H:%M:%S}"
-            if r["next_attempt_at"]
-            else (r["skip_reason"] or r["last_error"] or "")
-        )
         lines.append(
             f"{r['id']:>9} {str(r['reminder_id'] or r.get('idempotency_key'))[:24]:<24} "
             f"{r['channel']:<8} "
-            f"{r['state']:<9} {r['last_status'] or '-':>5} {r['attempts']:>8}  {why}"
+            f"{r['state']:<9} {r['last_status'] or '-':>5} {r['attempts']:>8}  "
+            f"{_why_missing(r, wait_seconds)}"
         )
     return "\n".join(lines)
+
+
+def _why_missing(r: dict[str, Any], wait_seconds: float) -> str:
+    """The next attempt, the skip reason or last error; for an accepted row, how long the
+    provider has had it without a receipt."""
+    if r["next_attempt_at"]:
+        return f"{r['next_attempt_at']:%Y-%m-%d %H:%M:%S}"
+    waited = r.get("accepted_seconds")
+    if r["state"] == ledger.State.ACCEPTED and waited is not None:
+        if waited >= wait_seconds:
+            return f"accepted, no receipt after {_minutes(wait_seconds)}"
+        return f"accepted {_minutes(round(waited))} ago, awaiting a receipt"
+    return str(r["skip_reason"] or r["last_error"] or "")
 
 
 def to_json(data: Any) -> str:

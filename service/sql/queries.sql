@@ -309,7 +309,11 @@ SELECT c.id, c.idempotency_key, c.reminder_id, c.channel, c.provider, c.occurren
            AS run_held,
        ra.action AS stop_action, ra.reason AS stop_reason,
        greatest(0, extract(epoch FROM b.paused_until - clock_timestamp()))::float8
-           AS provider_paused_seconds
+           AS provider_paused_seconds,
+       EXISTS (SELECT 1 FROM suppressions AS s
+               WHERE s.channel = c.channel AND s.removed_at IS NULL
+                 AND s.address = suppression_address(c.channel, coalesce(c.destination, r.destination)))
+           AS suppressed
 FROM claimed AS c
 LEFT JOIN reminders AS r ON r.id = c.reminder_id
 LEFT JOIN run_actions AS ra ON ra.id = c.stop_action_id
@@ -341,7 +345,8 @@ WITH want AS (
     SELECT * FROM unnest($1::bigint[], $2::int[]) AS w(id, attempt)
 ), locked AS (
     SELECT id, state, attempts, lease_expires_at, stop_action_id, dead_lettered_at,
-           last_error, source, reminder_id, destination, occurrence_at, provider, run_id
+           last_error, source, reminder_id, channel, destination, occurrence_at, provider,
+           run_id
     FROM deliveries
     WHERE id = ANY($1::bigint[])
     ORDER BY id
@@ -371,7 +376,11 @@ SELECT l.id, l.state::text AS state, l.attempts, l.last_error,
            AS provider_paused_seconds,
        EXISTS (SELECT 1 FROM publish_runs AS p WHERE p.id = l.run_id AND p.held_at IS NOT NULL)
            AS run_held,
-       ra.action AS stop_action, ra.reason AS stop_reason
+       ra.action AS stop_action, ra.reason AS stop_reason,
+       EXISTS (SELECT 1 FROM suppressions AS s
+               WHERE s.channel = l.channel AND s.removed_at IS NULL
+                 AND s.address = suppression_address(l.channel, coalesce(l.destination, r.destination)))
+           AS suppressed
 FROM locked AS l
 LEFT JOIN reminders AS r ON r.id = l.reminder_id
 LEFT JOIN rate_budgets AS b ON b.provider = l.provider
@@ -406,10 +415,11 @@ WITH o AS (
     SELECT *
     FROM unnest($1::bigint[], $2::int[], $3::delivery_state[], $4::timestamptz[], $5::int[],
                 $6::text[], $7::text[], $8::text[], $9::text[], $10::float8[], $11::text[],
-                $12::text[], $13::int[], $14::timestamptz[], $15::bool[], $16::bool[])
+                $12::text[], $13::int[], $14::timestamptz[], $15::bool[], $16::bool[],
+                $17::text[])
          AS o(id, attempt, state, next_attempt_at, status, error, receipt, skip_reason,
               outcome, latency_ms, attempt_error, excerpt, payload_version, started_at, stale,
-              possibly_delivered)
+              possibly_delivered, provider_message_id)
 ), locked AS (
     SELECT id, state, attempts FROM deliveries
     WHERE id = ANY($1::bigint[])
@@ -422,13 +432,15 @@ WITH o AS (
         lease_expires_at = NULL,
         last_check_at = NULL,
         -- an operator's stop outlives a retry (never sent again), not the row's end
-        stop_action_id = CASE WHEN o.state IN ('delivered', 'dead', 'skipped') THEN NULL
+        stop_action_id = CASE WHEN o.state IN ('accepted', 'delivered', 'bounced', 'dead',
+                                               'skipped') THEN NULL
                               ELSE d.stop_action_id END,
         last_status = o.status,
         last_error = o.error,
         receipt = coalesce(o.receipt, d.receipt),
         skip_reason = o.skip_reason,
-        finished_at = CASE WHEN o.state IN ('delivered', 'dead', 'skipped') THEN now() END
+        finished_at = CASE WHEN o.state IN ('accepted', 'delivered', 'dead', 'skipped')
+                           THEN now() END
     FROM o JOIN locked AS l ON l.id = o.id
     WHERE d.id = o.id AND l.state = 'sending' AND l.attempts = o.attempt
     RETURNING d.id, o.attempt
@@ -438,9 +450,9 @@ WITH o AS (
 ), recorded AS (
     INSERT INTO delivery_attempts (delivery_id, attempt, outcome, http_status, latency_ms,
                                    error, response_excerpt, payload_version, started_at, stale,
-                                   possibly_delivered)
+                                   possibly_delivered, provider_message_id)
     SELECT id, attempt, outcome, status, latency_ms, attempt_error, excerpt, payload_version,
-           started_at, stale, possibly_delivered
+           started_at, stale, possibly_delivered, provider_message_id
     FROM o WHERE outcome IS NOT NULL
     ON CONFLICT (delivery_id, attempt) DO UPDATE SET
         outcome = excluded.outcome, http_status = excluded.http_status,
@@ -448,6 +460,7 @@ WITH o AS (
         response_excerpt = excluded.response_excerpt,
         payload_version = excluded.payload_version, started_at = excluded.started_at,
         stale = excluded.stale, possibly_delivered = excluded.possibly_delivered,
+        provider_message_id = excluded.provider_message_id,
         finished_at = now()
 )
 SELECT id, attempt FROM updated
@@ -570,14 +583,15 @@ GROUP BY run_id, state, skip_reason;
 
 -- name: run_lateness
 -- How late each run's deliveries were: from the occurrence's due time to the receiver's
--- acceptance (the outcome written), over the delivered rows.
+-- acceptance (the outcome written), over the rows sent: delivered, and e-mail and SMS the
+-- provider accepted (a receipt later does not move finished_at).
 SELECT run_id,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY late)::float8 AS p50,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY late)::float8 AS p95,
        max(late)::float8 AS max
 FROM (SELECT run_id, extract(epoch FROM finished_at - occurrence_at) AS late
       FROM deliveries
-      WHERE run_id = ANY($1::bigint[]) AND state = 'delivered') AS d
+      WHERE run_id = ANY($1::bigint[]) AND state IN ('accepted', 'delivered', 'bounced')) AS d
 GROUP BY run_id;
 
 -- name: overall_state_counts
@@ -601,7 +615,9 @@ WHERE state IN ('pending', 'queued')
 -- name: run_missing
 -- Who did not get it: every delivery of the run not delivered yet (or never).
 SELECT d.id, d.reminder_id, d.channel, d.state::text AS state, d.last_status, d.last_error,
-       d.next_attempt_at, d.skip_reason, d.attempts, d.occurrence_at
+       d.next_attempt_at, d.skip_reason, d.attempts, d.occurrence_at,
+       CASE WHEN d.state = 'accepted' THEN extract(epoch FROM now() - d.finished_at)::float8
+            END AS accepted_seconds
 FROM deliveries AS d
 WHERE d.run_id = $1 AND d.state <> 'delivered'
 ORDER BY d.id
@@ -1059,7 +1075,7 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.lease_expires_at, d.last_status, d.last_error, d.receipt,
        d.skip_reason, d.run_id, d.created_at, d.published_at, d.first_attempt_at,
-       d.finished_at, d.dead_lettered_at,
+       d.finished_at, d.dead_lettered_at, d.settled_at,
        coalesce(d.destination, r.destination) AS destination,
        r.schedule_kind, r.daily_at, r.cron, r.due_at, r.timezone, r.missed_policy,
        r.active AS reminder_active, r.next_due_at AS reminder_next_due_at,
@@ -1071,7 +1087,7 @@ WHERE ($1::bigint IS NOT NULL AND d.id = $1) OR ($2::text IS NOT NULL AND d.idem
 
 -- name: delivery_attempts_of
 SELECT attempt, outcome, http_status, latency_ms, error, response_excerpt, started_at,
-       finished_at, stale, possibly_delivered
+       finished_at, stale, possibly_delivered, provider_message_id
 FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt;
 
 -- name: deliveries_list
@@ -1260,7 +1276,9 @@ RETURNING d.id, d.urgent, d.state, d.occurrence_at;
 -- Outbox intents not delivered (they belong to no run), newest first.
 SELECT d.id, d.reminder_id, d.idempotency_key, d.channel, d.state::text AS state,
        d.last_status, d.last_error, d.next_attempt_at, d.skip_reason, d.attempts,
-       d.occurrence_at
+       d.occurrence_at,
+       CASE WHEN d.state = 'accepted' THEN extract(epoch FROM now() - d.finished_at)::float8
+            END AS accepted_seconds
 FROM deliveries AS d
 WHERE d.source = 'outbox' AND d.state <> 'delivered' AND d.event_id IS NULL
 ORDER BY d.id DESC
@@ -1289,6 +1307,149 @@ WHERE id = $1;
 SELECT id, state::text AS state, created_at, run_id, reminder_id, provider, channel,
        idempotency_key AS key, last_status
 FROM deliveries WHERE id = $1;
+
+---------------------------------------------------------------------------- receipts
+
+-- name: receipt_delivery
+-- The delivery a provider's receipt is about: the one whose attempt sent that message, else
+-- the one the message named (the e-mail's tag, the SMS callback's query), of its channel.
+SELECT d.id FROM deliveries AS d
+WHERE d.channel = $1
+  AND d.id = coalesce((SELECT a.delivery_id FROM delivery_attempts AS a
+                       WHERE a.provider_message_id = $2
+                       ORDER BY a.delivery_id DESC LIMIT 1), $3);
+
+-- name: receipt_lock
+-- Before a receipt is recorded: the delivery's row lock, which the consumer's outcome write
+-- also takes. Whichever commits second sees the other's write and settles the row, so a
+-- receipt that came before the outcome is never left unread.
+SELECT state::text AS state FROM deliveries WHERE id = $1 FOR UPDATE;
+
+-- name: receipt_insert
+-- Append one receipt; the same callback again (same event key) adds nothing.
+INSERT INTO receipts (delivery_id, channel, provider_message_id, event_key, event, outcome,
+                      permanent, reason, provider_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (channel, event_key) DO NOTHING
+RETURNING id;
+
+-- name: receipts_settle
+-- Settle deliveries by every receipt the ledger holds for them: the strongest wins
+-- (bounced over delivered or complained; a sent or delayed one settles nothing), so
+-- receipts in any order, or twice, end in the same state. accepted -> delivered | bounced,
+-- and delivered -> bounced (a bounce after the receiving server took it); never back.
+-- Webhook rows (their 2xx is the receiver's word) and open rows are left alone. Locked in
+-- id order, like every statement that locks several deliveries.
+WITH best AS (
+    SELECT DISTINCT ON (r.delivery_id) r.delivery_id AS id, r.outcome, r.event, r.reason
+    FROM receipts AS r
+    WHERE r.delivery_id = ANY($1::bigint[])
+      AND r.outcome IN ('delivered', 'complained', 'bounced')
+    ORDER BY r.delivery_id, (r.outcome = 'bounced') DESC, r.id DESC
+), target AS (
+    SELECT d.id,
+           (CASE WHEN b.outcome = 'bounced' THEN 'bounced' ELSE 'delivered' END)::delivery_state
+               AS state,
+           left('bounced: ' || coalesce(b.reason, b.event), 500) AS bounce_error
+    FROM deliveries AS d JOIN best AS b ON b.id = d.id
+    WHERE d.channel IN ('email', 'sms')
+      AND (d.state = 'accepted' OR (d.state = 'delivered' AND b.outcome = 'bounced'))
+    ORDER BY d.id
+    FOR UPDATE OF d
+)
+UPDATE deliveries AS d SET
+    state = t.state,
+    settled_at = now(),
+    last_error = CASE WHEN t.state = 'bounced' THEN t.bounce_error ELSE d.last_error END
+FROM target AS t
+WHERE d.id = t.id
+  AND (d.state = 'accepted' OR (d.state = 'delivered' AND t.state = 'bounced'))
+RETURNING d.id, d.state::text AS state;
+
+-- name: receipts_of
+-- One delivery's receipts, in the order they came (`relay deliveries show`).
+SELECT provider_message_id, event, outcome, permanent, reason, provider_at, received_at
+FROM receipts WHERE delivery_id = $1 ORDER BY id;
+
+-- name: run_receipt_overdue
+-- Per run and channel: e-mail and SMS the provider accepted longer than $2 seconds ago
+-- that no receipt has settled ("accepted, no receipt after N minutes").
+SELECT run_id, channel, count(*) AS n
+FROM deliveries
+WHERE run_id = ANY($1::bigint[]) AND state = 'accepted'
+  AND finished_at < now() - make_interval(secs => $2)
+GROUP BY run_id, channel;
+
+-- name: receipt_overdue_total
+-- Every delivery (runs and outbox) accepted longer than $1 seconds ago without a receipt.
+SELECT count(*) FROM deliveries
+WHERE state = 'accepted' AND finished_at < now() - make_interval(secs => $1);
+
+---------------------------------------------------------------------------- suppressions
+
+-- name: suppression_from_receipt
+-- A receipt that says the address will not take messages (a hard bounce, a complaint, a
+-- permanent SMS error) suppresses the destination of its delivery, unless it already is.
+INSERT INTO suppressions (channel, address, reason, detail, delivery_id, created_by)
+SELECT d.channel, suppression_address(d.channel, coalesce(d.destination, r.destination)),
+       $2, left($3, 500), d.id, 'relay receipts'
+FROM deliveries AS d
+LEFT JOIN reminders AS r ON r.id = d.reminder_id
+WHERE d.id = $1 AND d.channel IN ('email', 'sms')
+  AND coalesce(d.destination, r.destination) IS NOT NULL
+ON CONFLICT (channel, address) WHERE removed_at IS NULL DO NOTHING
+RETURNING id;
+
+-- name: suppression_add
+-- An operator's suppression of an address; nothing when it is suppressed already.
+INSERT INTO suppressions (channel, address, reason, detail, created_by)
+VALUES ($1, suppression_address($1, $2), 'operator', left($3, 500), $4)
+ON CONFLICT (channel, address) WHERE removed_at IS NULL DO NOTHING
+RETURNING id, channel, address, reason, detail, delivery_id, created_by, created_at, removed_at,
+          removed_by, removed_reason;
+
+-- name: suppression_remove
+-- An operator lifts a suppression: the row stays, marked with who, when and why.
+UPDATE suppressions SET removed_at = now(), removed_by = $3, removed_reason = left($4, 500)
+WHERE channel = $1 AND address = suppression_address($1, $2) AND removed_at IS NULL
+RETURNING id, channel, address, reason, detail, delivery_id, created_by, created_at, removed_at,
+          removed_by, removed_reason;
+
+-- name: suppressions_list
+-- The list, newest first: those in force, or ($2) every one ever made; channel $1 or any.
+SELECT id, channel, address, reason, detail, delivery_id, created_by, created_at, removed_at,
+       removed_by, removed_reason
+FROM suppressions
+WHERE ($1::text IS NULL OR channel = $1) AND ($2 OR removed_at IS NULL)
+ORDER BY id DESC
+LIMIT $3;
+
+---------------------------------------------------------------------------- reconciliation
+
+-- name: reconcile_candidates
+-- The earlier attempts of a delivery whose request may have reached the provider without
+-- its answer being read: lost (the consumer died), or failed after connecting with no
+-- answer (a timeout, a reset), since the provider last gave an answer about this delivery.
+SELECT a.attempt
+FROM delivery_attempts AS a
+WHERE a.delivery_id = $1 AND a.attempt < $2
+  AND (a.outcome = 'lost'
+       OR (a.outcome = 'retry' AND a.http_status IS NULL AND a.possibly_delivered))
+  AND a.attempt >= coalesce((SELECT max(r.attempt) FROM reconciliations AS r
+                             WHERE r.delivery_id = $1 AND r.answer <> 'unknown'), 0)
+ORDER BY a.attempt;
+
+-- name: reconciliation_record
+INSERT INTO reconciliations (delivery_id, attempt, checked_attempts, answer, provider_message_id,
+                             provider_status, policy, error)
+VALUES ($1, $2, $3, $4, $5, left($6, 64), $7, left($8, 200))
+RETURNING id;
+
+-- name: reconciliations_of
+-- One delivery's reconciliations, oldest first (`relay deliveries show`).
+SELECT attempt, checked_attempts, answer, provider_message_id, provider_status, policy, error,
+       asked_at
+FROM reconciliations WHERE delivery_id = $1 ORDER BY id;
 
 ---------------------------------------------------------------------------- events
 -- Event types, subscriptions and events (service/events.py, service/subscriptions.py). An

@@ -235,15 +235,19 @@ def _watch(page: Page) -> tuple[list[str], list[str]]:
 async def test_markup_in_urls_payloads_reasons_and_replies_is_shown_inert_on_every_page(
     keyed: Settings, pool: asyncpg.Pool, browser: Browser
 ) -> None:
-    """A destination URL, a payload, operator reasons and a partner's reply full of markup:
-    on every page (redacted and revealed) no dialog fires, no element is made of it, and
-    what the page shows of it reads as text. (The payload is never read by the console.)"""
+    """A destination URL, a payload, operator reasons (a suppression's too) and a partner's
+    reply full of markup: on every page (redacted and revealed) no dialog fires, no element
+    is made of it, and what the page shows of it reads as text. (The payload is never read
+    by the console.)"""
     async with cs.answering(NASTY) as receiver:
         nasty_url = f"{receiver}/hooks/{NASTY}"
         event_url = f"{receiver}/events/{NASTY}"
         async with rs.consumer_in_process(keyed):
             ids = await _nasty_ledger(keyed, pool, receiver)
             event = await cs.dead_event(keyed, pool, "xss:1", event_url, {"text": NASTY})
+        suppressed = "nasty@example.com"  # an operator's suppression, markup for its reason
+        added = await rs.relay(keyed, "suppressions", "add", "email", suppressed, "--reason", NASTY)
+        assert added.code == 0, added.stderr
         async with cs.console(keyed) as c:
             await _act_with_nasty_reasons(c.url, receiver, pool, ids)
             page = await browser.new_page(viewport={"width": 1280, "height": 720})
@@ -256,10 +260,11 @@ async def test_markup_in_urls_payloads_reasons_and_replies_is_shown_inert_on_eve
                 (f"/deliveries/{ids['xss-body']}", [NASTY], []),  # the partner's reply
                 ("/dead", [], []),
                 ("/destinations", [NASTY], [nasty_url]),  # the disable's reason
+                ("/suppressions", [NASTY], [suppressed]),  # the operator's why, the address
                 ("/events", [], []),
                 (f"/events/{event.event_id}", [], [event_url]),
                 (f"/deliveries/{event.delivery_id}", [NASTY], [event_url]),
-                (f"/deliveries/{ids['xss-url']}", [NASTY], [nasty_url]),
+                (f"/deliveries/{ids['xss-url']}", [NASTY], [nasty_url]),  # last: its replay
             ]
             unrevealing = ("/runs", "/events")  # lists without recipients or replies
             for path, visible, revealed in plan:

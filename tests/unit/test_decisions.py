@@ -74,6 +74,38 @@ def test_cancelled_wins_over_every_other_fact() -> None:
     assert decisions.verdict(facts, has_destination=True) == decisions.Skip("cancelled")
 
 
+def test_a_suppressed_address_is_skipped_before_staleness_pauses_or_a_disabled_destination() -> (
+    None
+):
+    facts = replace(
+        FRESH,
+        suppressed=True,
+        age_seconds=1e6,
+        destination_disabled=True,
+        provider_paused_seconds=9,
+    )
+    assert decisions.verdict(facts, has_destination=True) == decisions.Skip("suppressed")
+    assert decisions.verdict(replace(facts, active=False), has_destination=True) == (
+        decisions.Skip("cancelled")
+    )
+
+
+def test_an_accepted_email_or_sms_waits_for_its_receipt_a_webhook_is_delivered() -> None:
+    outcome = Outcome(OutcomeKind.ACCEPTED, http_status=200, receipt="m-1", message_id="m-1")
+    decision = Decision(Action.DELIVERED)
+    for channel, state in (
+        ("webhook", State.DELIVERED),
+        ("email", State.ACCEPTED),
+        ("sms", State.ACCEPTED),
+    ):
+        record = decisions.attempt_record(
+            _row(channel=channel), outcome, started_at=NOW, latency_seconds=0.1, stale=False
+        )
+        assert record.provider_message_id == "m-1"
+        done = decisions.after_attempt(_row(channel=channel), outcome, decision, record, now=NOW)
+        assert (done.state, done.receipt) == (state, "m-1")
+
+
 def test_a_row_of_a_held_run_is_parked_before_any_other_fact_is_read() -> None:
     facts = replace(FRESH, run_held=True, active=False, destination_disabled=True)
     verdict = decisions.verdict(facts, has_destination=True, held_recheck_seconds=12.5)

@@ -66,6 +66,7 @@ def _attempt(text: str | None) -> dict[str, Any]:
         "response_excerpt": text,
         "possibly_delivered": False,
         "stale": False,
+        "provider_message_id": None,
     }
 
 
@@ -74,7 +75,7 @@ def test_the_cli_and_the_console_show_a_destination_alike(
     channel: str | None, stored: str | None, shown: str | None
 ) -> None:
     assert redaction.destination(channel, stored) == shown
-    cli = deliveries.story(_stored_row(channel, stored, None), [])  # type: ignore[arg-type]
+    cli = deliveries.story(_stored_row(channel, stored, None), [], [], [])  # type: ignore[arg-type]
     console = data.shown_row({"channel": channel, "destination": stored})
     assert cli["destination"] == console["destination"] == shown
     revealed = data.shown_row({"channel": channel, "destination": stored}, reveal=True)
@@ -88,13 +89,19 @@ def test_the_cli_and_the_console_show_text_from_outside_alike(
     expected = redaction.text(stored)
     if shown is not None:
         assert expected == shown
-    cli = deliveries.story(_stored_row("webhook", None, stored), [_attempt(stored)])  # type: ignore[arg-type, list-item]
+    cli = deliveries.story(
+        _stored_row("webhook", None, stored),  # type: ignore[arg-type]
+        [_attempt(stored)],  # type: ignore[list-item]
+        [{"reason": stored}],  # a provider's receipt: its words are text from outside too
+        [{"error": stored}],  # and so is a reconciliation's error
+    )
     console = data.shown_row({"last_error": stored, "channel": "webhook"})
     attempt = data.shown_row(_attempt(stored))
     assert cli["last_error"] == console["last_error"] == expected
     (history,) = cli["attempt_history"]
     assert history["reply_excerpt"] == attempt["response_excerpt"] == expected
     assert history["error"] == attempt["error"] == expected
+    assert cli["receipts"][0]["reason"] == cli["reconciliations"][0]["error"] == expected
 
 
 def test_text_from_outside_is_redacted_flattened_and_bounded() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from service import control, db, events, ledger, runs
+from service import control, db, events, ledger, runs, suppressions
 from service.ops import redaction
 from service.ops.console import refs
 
@@ -151,6 +151,24 @@ async def destinations(
     """Destinations named by reminders or disabled, disabled first."""
     rows = await executor.fetch(db.q("console_destinations"), ref, limit, key.inner, key.outer)
     return [shown_row(dict(r), reveal) | {"disabled": r["disabled_at"] is not None} for r in rows]
+
+
+async def suppression_list(
+    executor: ledger.Executor, key: refs.RefKey, channel: str | None, *, reveal: bool = False
+) -> list[dict[str, Any]]:
+    """The suppression list, lifted ones too, newest first: each address by its keyed
+    reference, and itself only when revealed; the words beside it (a provider's code, an
+    operator's why) redacted as the CLI's output is, unless revealed."""
+    found = await suppressions.listed(executor, channel, include_removed=True, limit=500)
+    rows = []
+    for s in found:
+        row = dict(s.__dict__) | {"address_ref": key.of(s.address)}
+        if not reveal:
+            row["address"] = redaction.destination(s.channel, s.address)
+            for name in ("detail", "removed_reason"):
+                row[name] = redaction.text(row[name])
+        rows.append(row)
+    return rows
 
 
 async def event(

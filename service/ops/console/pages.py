@@ -185,6 +185,18 @@ async def destinations(request: web.Request, reveal: bool) -> web.StreamResponse
     return render(request, "destinations.html", "Destinations", destinations=found, revealed=reveal)
 
 
+async def suppressions_page(request: web.Request, reveal: bool) -> web.StreamResponse:
+    """The suppression list: what is in force, and what operators lifted (read only: the
+    CLI adds and removes, `relay suppressions`). Addresses are redacted until revealed."""
+    channel = params.choice(request.query, "channel", ("email", "sms"))
+    rows = await data.suppression_list(
+        request.app[POOL], request.app[REF_KEY], channel, reveal=reveal
+    )
+    return render(
+        request, "suppressions.html", "Suppressions", rows=rows, channel=channel, revealed=reveal
+    )
+
+
 async def switch_destination(request: web.Request) -> web.StreamResponse:
     """Disable a destination, or enable one: a dry run first (its counts), then the
     confirmation."""
@@ -224,5 +236,6 @@ def routes() -> list[web.RouteDef]:
         *_page("/dead", dead),
         web.post("/replay", replay),
         *_page("/destinations", destinations),
+        *_page("/suppressions", suppressions_page),
         web.post("/destinations/{ref}/{action:enable|disable}", switch_destination),
     ]

@@ -54,6 +54,7 @@ async def test_email_request_shape_and_receipt() -> None:
         outcome = await ch.send(make_request(RECIPIENT, EMAIL_PAYLOAD))
     assert outcome.kind is OutcomeKind.ACCEPTED
     assert outcome.receipt == "49a3999c-0ce1-4ea6-ab68-afcd6dc2e794"
+    assert outcome.message_id == "49a3999c-0ce1-4ea6-ab68-afcd6dc2e794"
     assert outcome.response_excerpt is None
     [seen] = srv.seen
     assert seen.method == "POST"
@@ -67,6 +68,8 @@ async def test_email_request_shape_and_receipt() -> None:
         "subject": "Dentist at 9:00",
         "text": "See you tomorrow.",
         "html": "<p>See</p>",
+        # the same for every attempt of the delivery: receipts find it by this tag
+        "tags": [{"name": "relay_delivery", "value": "42"}],
     }
     assert_no_leak(outcome, RECIPIENT, API_KEY)
 
