@@ -105,6 +105,11 @@ def is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.InterfaceError):
         # The connection went away under the call; other interface errors are bugs.
         return "closed" in str(exc) or "lost" in str(exc)
+    if isinstance(exc, asyncpg.InternalClientError):
+        # A server killed under a busy connection can leave its protocol mid-operation:
+        # the next statement on it fails so ("cannot switch to state ...; another
+        # operation is in progress") before asyncpg notices the connection is gone.
+        return "another operation" in str(exc)
     return isinstance(exc, _UNAVAILABLE)
 
 
