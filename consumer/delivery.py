@@ -1,7 +1,7 @@
 """One claimed delivery, from the pre-send checks to its durable outcome.
 
 checks (claim's facts) -> channel configured? -> gate (circuit, budget, slot, lease) ->
-last check (``service.lastcheck``) -> request -> retry policy -> outcome written (fenced by
+last check (``service.ledger.lastcheck``) -> request -> retry policy -> outcome written (fenced by
 id and attempt) -> what to do with the message.
 
 The send decision is taken at the last moment: after the last wait, one grouped statement
@@ -28,8 +28,8 @@ from consumer.store import Stamp, Store
 from service import amqp, destinations, logs, telemetry
 from service.clock import Clock
 from service.crashpoints import CrashPoints
-from service.lastcheck import LastCheck
 from service.ledger import Attempt, Claimed, SendFacts, State
+from service.ledger.lastcheck import LastCheck
 from service.telemetry import Metrics
 
 log = logs.get("consumer")

@@ -8,7 +8,7 @@ checked last, because the waits may have eaten it: a request must finish while t
 still fences the row. Every wait ends at once when shutdown says no request may start
 any more (``no_new_requests``): the claim is then given back, not sent.
 
-After ``admit`` the consumer runs its last check (``service.lastcheck``);
+After ``admit`` the consumer runs its last check (``service.ledger.lastcheck``);
 ``budget_for_request`` then says whether the request may go out at once or had to wait for
 a new token first (and must be checked again after that wait).
 """

@@ -16,10 +16,10 @@ from typing import Any
 import asyncpg
 
 from consumer.outage import DatabaseWatch
-from service import destinations, lastcheck, ledger, receipts, reconciliations
+from service import destinations, receipts, reconciliations
 from service.batching import Batcher
-from service.lastcheck import LastCheck
-from service.ledger import Claimed, Completion, State, Unclaimable
+from service.ledger import Claimed, Completion, State, Unclaimable, lastcheck, sending
+from service.ledger.lastcheck import LastCheck
 
 ClaimResult = Claimed | Unclaimable | None
 
@@ -112,7 +112,7 @@ class Store:
     async def release(self, delivery_id: int, attempt: int, retry_at: datetime | None) -> bool:
         """Give a claim back without counting an attempt (at shutdown: only if quick)."""
         return await self._watch.run(
-            lambda: ledger.release(self._pool, delivery_id, attempt, retry_at),
+            lambda: sending.release(self._pool, delivery_id, attempt, retry_at),
             abandon=self._stopping,
         )
 
@@ -126,7 +126,7 @@ class Store:
         await self._watch.run(lambda: reconciliations.record(self._pool, found))
 
     async def mark_dead_lettered(self, delivery_id: int, attempt: int) -> None:
-        await self._watch.run(lambda: ledger.mark_dead_lettered(self._pool, delivery_id, attempt))
+        await self._watch.run(lambda: sending.mark_dead_lettered(self._pool, delivery_id, attempt))
 
     async def disable_gone(self, destination: str) -> int | None:
         """A 410 Gone: the destination is disabled; its id if this call disabled it."""
@@ -156,7 +156,7 @@ class Store:
 
         async def statement() -> tuple[dict[int, Claimed], dict[int, Unclaimable]]:
             async with self._pool.acquire() as conn:
-                return await ledger.claim(conn, unique, self._lease_seconds)
+                return await sending.claim(conn, unique, self._lease_seconds)
 
         # During shutdown a claim gives up rather than wait out an outage: its message is
         # handed back untouched.
@@ -191,11 +191,11 @@ class Store:
         async def statement() -> set[tuple[int, int]]:
             async with self._pool.acquire() as conn:
                 if not accepted:
-                    return await ledger.complete(conn, completions)
+                    return await sending.complete(conn, completions)
                 # A receipt may have come before this outcome: settle by it in the same
                 # transaction (``service.receipts`` says why nothing is missed).
                 async with conn.transaction():
-                    written = await ledger.complete(conn, completions)
+                    written = await sending.complete(conn, completions)
                     await receipts.settle(conn, accepted)
                 return written
 

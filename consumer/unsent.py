@@ -18,8 +18,8 @@ from consumer.store import Store
 from service import amqp, logs, telemetry
 from service.clock import Clock
 from service.errors import Abandoned
-from service.lastcheck import LastCheck
 from service.ledger import Claimed
+from service.ledger.lastcheck import LastCheck
 from service.telemetry import Metrics
 
 log = logs.get("consumer")

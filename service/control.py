@@ -8,7 +8,7 @@ run action is written in the same transaction as the record of who did it, when,
 to how many rows (``run_actions``).
 
 A cancel or dead-letter reaches rows already claimed. A claimed row not past its last
-check (``service.lastcheck``) is moved at once, and its consumer's last check, which
+check (``service.ledger.lastcheck``) is moved at once, and its consumer's last check, which
 locks the same row, finds it moved and sends nothing. A row past its last check may be
 on the wire: it is marked so that it is never sent again, and ``settle`` waits for its
 outcome and then moves it too if it came back to be retried. When ``settle`` returns with

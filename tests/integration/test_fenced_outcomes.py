@@ -12,7 +12,7 @@ import asyncpg
 from consumer.outage import DatabaseWatch
 from consumer.store import Store
 from service import ledger, outbox
-from service.ledger import Attempt, Completion, State
+from service.ledger import Attempt, Completion, State, sending
 from tests.support import relay as rs
 
 LEASE_SECONDS = 0.5
@@ -35,7 +35,7 @@ async def _one_row(pool: asyncpg.Pool, key: str = "fence-1") -> int:
 
 async def _claim(pool: asyncpg.Pool, delivery_id: int) -> ledger.Claimed:
     async with pool.acquire() as conn:
-        claimed, others = await ledger.claim(conn, [delivery_id], LEASE_SECONDS)
+        claimed, others = await sending.claim(conn, [delivery_id], LEASE_SECONDS)
     assert delivery_id in claimed, others
     return claimed[delivery_id]
 
@@ -84,7 +84,7 @@ def _current_delivered(delivery_id: int) -> Completion:
 
 async def _complete(pool: asyncpg.Pool, completions: list[Completion]) -> set[tuple[int, int]]:
     async with pool.acquire() as conn:
-        return await ledger.complete(conn, completions)
+        return await sending.complete(conn, completions)
 
 
 async def test_a_group_with_a_stale_and_a_current_completion_reports_only_the_current_pair(

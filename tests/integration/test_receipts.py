@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 
 from service import control, ledger
-from service.ledger import State
+from service.ledger import State, sending
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.providers import providers
@@ -174,13 +174,13 @@ async def test_an_email_on_the_wire_when_its_run_is_cancelled_ends_accepted_and_
     assert (await rs.relay(settings, "publish")).code == 0
     delivery_id, run_id = await pool.fetchrow("SELECT id, run_id FROM deliveries")
     async with pool.acquire() as conn:
-        claimed, _ = await ledger.claim(conn, [delivery_id], 30.0)
+        claimed, _ = await sending.claim(conn, [delivery_id], 30.0)
         result = await control.act_on_run(
             conn, run_id, "cancel", operator="test", reason="wrong list", apply=True
         )
         assert result is not None and result.wire == ((delivery_id, 1),)
         record = ledger.Attempt(outcome="accepted", http_status=200, provider_message_id="em_1")
-        written = await ledger.complete(
+        written = await sending.complete(
             conn, [ledger.Completion(delivery_id, 1, State.ACCEPTED, record=record)]
         )
     assert delivery_id in claimed and written == {(delivery_id, 1)}

@@ -16,8 +16,8 @@ from consumer.delivery import Deliverer
 from consumer.dispositions import Ack, DeadLetter, Disposition, Redelay
 from consumer.retry import RetryPolicy
 from service import telemetry
-from service.lastcheck import LastCheck
 from service.ledger import Claimed, Completion, SendFacts, State
+from service.ledger.lastcheck import LastCheck
 
 NOW = datetime(2026, 3, 1, 6, 0, tzinfo=UTC)
 FRESH = SendFacts(

@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service import ledger
 from service.db import q
-from service.ledger import Executor, SendFacts, State
+from service.ledger.model import Executor, SendFacts, State, send_facts
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ async def last_checks(
             lease_left_seconds=r["lease_left_seconds"],
             dead_letter_missing=r["dead_letter_missing"],
             last_error=r["last_error"],
-            facts=ledger.send_facts(r),
+            facts=send_facts(r),
         )
     return checks
 
