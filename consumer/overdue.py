@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import aiormq
 import asyncpg
 
-from service import amqp, logs, recovery
+from service import amqp, logs
+from service.ledger import recovery
 from service.telemetry import Metrics
 
 log = logs.get("consumer")

@@ -29,9 +29,9 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from service import admission, amqp, control, db, errors, ledger, runs, schedule, schedule_history
+from service import admission, amqp, control, db, errors, runs, schedule, schedule_history
 from service.admission import NewDelivery
-from service.ledger import State
+from service.ledger import State, publication
 from service.progress import Progress
 from service.settings import Settings
 
@@ -231,7 +231,7 @@ async def publish(settings: Settings, pool: asyncpg.Pool, summary: BackfillSumma
         now = await pool.fetchval(db.q("db_now"))
         items = [(i, urgent, (at - now).total_seconds()) for i, urgent, at in summary.ready]
         confirmed, failed = await publisher.publish_many(items)
-        await ledger.mark_queued(pool, confirmed)
+        await publication.mark_queued(pool, confirmed)
     finally:
         await amqp.close_connection(connection, _CLOSE_SECONDS)
     summary.published, summary.failed = len(confirmed), len(failed)

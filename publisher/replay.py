@@ -41,7 +41,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from publisher.dead_queue import DeadLetterRead
 from service import amqp, db, ledger, logs, messages
-from service.ledger import State
+from service.ledger import State, publication
 from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics
@@ -115,7 +115,7 @@ class Replayer:
         confirmed, failed = await self._publisher.publish_many(rows)
         # Confirmed first, then queued: a crash in between leaves rows pending for the
         # next publish run, never a row marked queued without a message.
-        await ledger.mark_queued(self._pool, confirmed)
+        await publication.mark_queued(self._pool, confirmed)
         self._metrics.replays.add(len(confirmed))
         return confirmed, failed
 

@@ -28,9 +28,9 @@ import asyncpg
 from opentelemetry import trace
 
 from publisher.plan import plan_batch
-from service import admission, amqp, brokers, db, errors, ledger, logs, recovery, runs, telemetry
+from service import admission, amqp, brokers, db, errors, logs, runs, telemetry
 from service.clock import Clock
-from service.ledger import State
+from service.ledger import State, publication, recovery
 from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics
@@ -184,7 +184,7 @@ class PublishRun:
     async def _sweep_pending(self) -> None:
         after_id = 0
         while self._publisher is not None:
-            page = await ledger.select_pending(
+            page = await publication.select_pending(
                 self._pool, after_id, self._settings.publish_batch_size
             )
             if not page:
@@ -248,7 +248,7 @@ class PublishRun:
             key=lambda item: item[2],
         )
         confirmed, failed = await self._publisher.publish_many(due, self._headers)
-        await ledger.mark_queued(self._pool, confirmed)
+        await publication.mark_queued(self._pool, confirmed)
         self.counts.published += len(confirmed)
         self.counts.failed += len(failed)
         self._metrics.run_published.add(len(confirmed))

@@ -13,6 +13,8 @@ states, the rows, the connection types); each concern is a module of its own:
 
 * ``sending``: claim, give back, write an attempt's outcome, confirm a dead letter
 * ``lastcheck``: the last check before a request
+* ``publication``: the pending sweep's page, and ``pending -> queued`` once a publish is confirmed
+* ``recovery``: rescue and the overdue sweep (which rows' messages are presumed lost, stamped)
 """
 
 from __future__ import annotations
@@ -66,20 +68,6 @@ async def cancel_reminder(executor: Executor, reminder_id: str) -> bool:
     ``cancelled``, so enabling its destination never revives it. False if there is no such
     reminder or it already was cancelled."""
     return await executor.fetchval(q("cancel_reminder"), reminder_id) is not None
-
-
-async def mark_queued(executor: Executor, ids: Sequence[int]) -> None:
-    """pending -> queued, for ids whose publish the broker confirmed."""
-    if ids:
-        await retry_on_conflict(lambda: executor.execute(q("mark_queued"), list(ids)))
-
-
-async def select_pending(
-    executor: Executor, after_id: int, limit: int
-) -> list[tuple[int, bool, datetime]]:
-    """A page of pending rows (id, urgent, occurrence_at) after ``after_id``."""
-    rows = await executor.fetch(q("select_pending"), after_id, limit)
-    return [(r["id"], r["urgent"], r["occurrence_at"]) for r in rows]
 
 
 async def reset_for_replay(executor: Executor, ids: Sequence[int]) -> list[tuple[int, bool]]:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from service import ledger
 from service.db import q
-from service.ledger import Executor
+from service.ledger.model import Executor, retry_on_conflict
 
 
 async def select_rescue(
@@ -29,7 +28,7 @@ async def select_rescue(
 async def mark_rescued(executor: Executor, ids: Sequence[int]) -> None:
     """Stamp rows whose rescue publish was confirmed; rescue skips them for an interval."""
     if ids:
-        await ledger.retry_on_conflict(lambda: executor.execute(q("mark_rescued"), list(ids)))
+        await retry_on_conflict(lambda: executor.execute(q("mark_rescued"), list(ids)))
 
 
 async def overdue_exists(executor: Executor, after_seconds: float) -> bool:
