@@ -22,7 +22,8 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
 from publisher.dead_queue import DeadLetterRead
-from service import amqp, control, db, ledger, logs, messages
+from service import amqp, db, logs, messages
+from service.ledger import replays
 from service.settings import Settings
 
 log = logs.get("replay")
@@ -57,7 +58,7 @@ class DropSummary:
         return text
 
 
-def matches(row: asyncpg.Record, filters: ledger.ReplayFilter, states_given: bool) -> bool:
+def matches(row: asyncpg.Record, filters: replays.ReplayFilter, states_given: bool) -> bool:
     """Whether a delivery matches every filter given (none given: it does not match)."""
     checks = [
         (filters.run_id, row["run_id"]),
@@ -80,7 +81,7 @@ def matches(row: asyncpg.Record, filters: ledger.ReplayFilter, states_given: boo
 async def _judge(
     pool: asyncpg.Pool,
     message: AbstractIncomingMessage,
-    filters: ledger.ReplayFilter,
+    filters: replays.ReplayFilter,
     states_given: bool,
     summary: DropSummary,
 ) -> bool:
@@ -90,7 +91,7 @@ async def _judge(
     except messages.MessageError:
         summary.undecodable += 1
         return True
-    row = await control.delivery_for_drop(pool, delivery_id)
+    row = await replays.delivery_for_drop(pool, delivery_id)
     if row is None:
         summary.unknown += 1
     elif matches(row, filters, states_given):
@@ -106,7 +107,7 @@ async def drop(
     settings: Settings,
     *,
     operator: str,
-    filters: ledger.ReplayFilter,
+    filters: replays.ReplayFilter,
     states_given: bool,
     limit: int,
     apply: bool,
@@ -127,7 +128,7 @@ async def drop(
         if apply:
             record = {k: v for k, v in filters.__dict__.items() if v is not None}
             record["states"] = [s.value for s in filters.states] if states_given else None
-            audit = await ledger.replay_started(pool, "drop", operator, _jsonable(record))
+            audit = await replays.replay_started(pool, "drop", operator, _jsonable(record))
         try:
             async for message in read.letters():
                 summary.selected += 1
@@ -142,7 +143,7 @@ async def drop(
         finally:
             await read.close()
         if audit is not None:
-            await control.drop_finished(pool, audit, summary.selected, summary.dropped)
+            await replays.drop_finished(pool, audit, summary.selected, summary.dropped)
             log.info(
                 "dead letters dropped",
                 extra={"event": "replay_dropped", "replay_id": audit, "dropped": summary.dropped},

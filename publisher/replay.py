@@ -41,7 +41,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from publisher.dead_queue import DeadLetterRead
 from service import amqp, db, ledger, logs, messages
-from service.ledger import State, publication
+from service.ledger import State, publication, replays
 from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics
@@ -53,7 +53,7 @@ PAGE = 500
 _CLOSE_SECONDS = 5.0
 
 
-LedgerFilter = ledger.ReplayFilter
+LedgerFilter = replays.ReplayFilter
 
 
 def _filters_json(selection: LedgerFilter) -> dict[str, Any]:
@@ -128,7 +128,7 @@ class Replayer:
         after_id = 0
         progress = Progress("replay")
         while summary.selected < limit and selection.states:
-            page = await ledger.select_for_replay(
+            page = await replays.select_for_replay(
                 self._pool, selection, after_id, min(PAGE, limit - summary.selected)
             )
             if not page:
@@ -143,7 +143,7 @@ class Replayer:
                 summary.replayed += len(page)
                 summary.requeued += len(live)
                 continue
-            reset = await ledger.reset_for_replay(self._pool, dead)
+            reset = await replays.reset_for_replay(self._pool, dead)
             summary.stale += len(dead) - len(reset)
             confirmed, failed = await self._republish(reset + live)
             summary.replayed += len(confirmed)
@@ -197,7 +197,7 @@ class Replayer:
         # once; its other letters are obsolete.
         repeated = delivery_id in self._judged
         self._judged.add(delivery_id)
-        row = None if repeated else await ledger.state_of(self._pool, delivery_id)
+        row = None if repeated else await replays.state_of(self._pool, delivery_id)
         if row is None or (row[0] in ledger.FINAL_STATES and row[0] is not State.DEAD):
             summary.stale += 1
             if not apply:
@@ -209,7 +209,7 @@ class Replayer:
             summary.replayed += 1
             summary.requeued += state is not State.DEAD
             return False
-        items = await ledger.reset_for_replay(self._pool, [delivery_id])
+        items = await replays.reset_for_replay(self._pool, [delivery_id])
         if state is not State.DEAD:
             items = [(delivery_id, urgent)]
         if not items:  # it left 'dead' between the read and the reset
@@ -228,10 +228,10 @@ class Replayer:
     async def _audit_start(self, source: str, filters: dict[str, Any]) -> int:
         if self._reason:
             filters = filters | {"reason": self._reason}
-        return await ledger.replay_started(self._pool, source, self._operator, filters)
+        return await replays.replay_started(self._pool, source, self._operator, filters)
 
     async def _audit_finish(self, audit_id: int, summary: ReplaySummary) -> None:
-        await ledger.replay_finished(self._pool, audit_id, summary.selected, summary.replayed)
+        await replays.replay_finished(self._pool, audit_id, summary.selected, summary.replayed)
         log.info(
             "replay finished",
             extra={

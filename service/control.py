@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from service import ledger
 from service.db import q
 from service.ledger import Connection, Executor, State
@@ -293,14 +291,3 @@ async def skip_rescheduled(conn: Connection, ids: Sequence[int]) -> list[int]:
     if not ids:
         return []
     return [r["id"] for r in await conn.fetch(q("skip_rescheduled"), list(ids))]
-
-
-async def delivery_for_drop(executor: Executor, delivery_id: int) -> asyncpg.Record | None:
-    """What ``relay replay --drop`` matches a dead letter's delivery against."""
-    row: asyncpg.Record | None = await executor.fetchrow(q("delivery_for_drop"), delivery_id)
-    return row
-
-
-async def drop_finished(executor: Executor, audit_id: int, selected: int, dropped: int) -> None:
-    """Record how a drop of dead letters ended (in ``replays``, source ``drop``)."""
-    await executor.execute(q("replay_dropped"), audit_id, selected, dropped)

@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from service import control, destination_switch, destinations, ledger, logs, netpolicy
+from service import control, destination_switch, destinations, logs, netpolicy
 from service.clock import Clock
+from service.ledger import replays
 from service.ops import redaction
 from service.ops.console import data, refs
 
@@ -44,7 +45,7 @@ class ReplayResult(Protocol):
 
 # (source, filters, limit, apply, operator, reason) -> the summary of a replay; source is
 # "ledger" (the filters select dead rows) or "queue" (the dead-letter queue; no filters)
-Replay = Callable[[str, ledger.ReplayFilter, int, bool, str, str], Awaitable[ReplayResult]]
+Replay = Callable[[str, replays.ReplayFilter, int, bool, str, str], Awaitable[ReplayResult]]
 # How many messages the broker's dead-letter queue holds (None: the broker did not say)
 QueueDepth = Callable[[], Awaitable[int | None]]
 
@@ -107,12 +108,12 @@ class Actions:
         filtered = (request.delivery_id, request.run_id, request.channel) != (None, None, None)
         if request.source == "queue" and filtered:
             raise ActionError("a replay from the queue takes every dead letter: no filters")
-        selection = ledger.ReplayFilter(run_id=request.run_id, channel=request.channel)
+        selection = replays.ReplayFilter(run_id=request.run_id, channel=request.channel)
         if request.delivery_id is not None:
             found = await data.delivery(self.pool, self.key, request.delivery_id)
             if found is None:
                 raise ActionError(f"no delivery {request.delivery_id}")
-            selection = ledger.ReplayFilter(key=found["idempotency_key"])
+            selection = replays.ReplayFilter(key=found["idempotency_key"])
         result = await self.replay(request.source, selection, REPLAY_LIMIT, apply, operator, reason)
         summary = {
             "source": request.source,

@@ -30,11 +30,11 @@ from service import (
     db,
     destination_switch,
     errors,
-    ledger,
     logs,
     telemetry,
 )
 from service.clock import Clock, SystemClock
+from service.ledger import replays
 from service.ops import destinations as ops_destinations
 from service.ops.console import actions, app, operators, refs, security, sessions, throttle
 from service.settings import Settings
@@ -57,7 +57,7 @@ def make_replay(
 
     async def replay(
         source: str,
-        filters: ledger.ReplayFilter,
+        filters: replays.ReplayFilter,
         limit: int,
         apply: bool,
         operator: str,
