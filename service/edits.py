@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from service import control, schedule, schedule_history
+from service import schedule, schedule_history
 from service.db import q
-from service.ledger import Connection
+from service.ledger import Connection, control
 
 
 @dataclass(frozen=True)

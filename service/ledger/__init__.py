@@ -15,12 +15,14 @@ states, the rows, the connection types); each concern is a module of its own:
 * ``lastcheck``: the last check before a request
 * ``publication``: the pending sweep's page, and ``pending -> queued`` once a publish is confirmed
 * ``recovery``: rescue and the overdue sweep (which rows' messages are presumed lost, stamped)
+* ``control``: an operator's transitions: a run's hold, release, cancel, dead-letter (with
+  their record in ``run_actions``), a reminder's cancel, backfill's reopening of paused
+  skips, a schedule edit's skips
 * ``replays``: replay (``dead -> pending``, a new round) and the record of replays and drops
 """
 
 from __future__ import annotations
 
-from service.db import q
 from service.ledger.model import (
     FINAL_STATES,
     OPEN_STATES,
@@ -56,11 +58,3 @@ __all__ = [
     "retry_on_conflict",
     "send_facts",
 ]
-
-
-async def cancel_reminder(executor: Executor, reminder_id: str) -> bool:
-    """An operator's cancel: no new occurrences, and its queued sends are skipped at send
-    time (the consumer reads it again right before each request). Recorded as
-    ``cancelled``, so enabling its destination never revives it. False if there is no such
-    reminder or it already was cancelled."""
-    return await executor.fetchval(q("cancel_reminder"), reminder_id) is not None

@@ -8,7 +8,7 @@ operator's stop). Nothing waits between that answer and the request. The claim s
 row too (it reads the same facts): a send that waits for nothing has its claim as last
 check, and one that waits takes the stamp back first (``undo``).
 
-The stamp is what an operator's cancel or dead-letter of a run reads (``service.control``):
+The stamp is what an operator's cancel or dead-letter of a run reads (``service.ledger.control``):
 both statements lock the row, so either the check finds the row already moved (and the
 consumer sends nothing) or the operator finds it stamped, and treats its request as on the
 wire.

@@ -17,7 +17,8 @@ from typing import BinaryIO
 
 import asyncpg
 
-from service import db, destinations, edits, errors, ledger, netpolicy, runs, schedule
+from service import db, destinations, edits, errors, netpolicy, runs, schedule
+from service.ledger import control
 from service.ops import partner as partner_mod
 from service.ops import reminders
 from service.ops import status as status_mod
@@ -179,7 +180,7 @@ def _horizon(start: datetime) -> datetime:
 
 async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
-        done = await ledger.cancel_reminder(pool, args.id)
+        done = await control.cancel_reminder(pool, args.id)
     if not done:
         print(f"relay: no reminder {args.id!r} to cancel (unknown, or already cancelled)",
               file=sys.stderr)  # fmt: skip

@@ -14,7 +14,8 @@ import argparse
 import sys
 from typing import Any
 
-from service import control, db, errors
+from service import db, errors
+from service.ledger import control
 from service.ops.deliveries import open_pool, to_json
 from service.settings import Settings
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import asyncpg
 
-from service import control, db, events, ledger, receipts, runs
+from service import db, events, ledger, receipts, runs
+from service.ledger import control
 from service.ops import redaction
 
 

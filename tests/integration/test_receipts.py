@@ -9,8 +9,8 @@ from typing import Any
 
 import asyncpg
 
-from service import control, ledger
-from service.ledger import State, sending
+from service import ledger
+from service.ledger import State, control, sending
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.providers import providers

@@ -1,6 +1,6 @@
 """What the console changes, through the same functions as the CLI.
 
-A run is held, released, cancelled or dead-lettered with ``service.control.act_on_run``
+A run is held, released, cancelled or dead-lettered with ``service.ledger.control.act_on_run``
 (recorded in ``run_actions``). A replay is ``publisher.replay.Replayer.from_ledger``
 (handed in by the composition root, since the operator tools never import
 ``publisher``): dry run first, then apply, recorded in ``replays`` with the operator and
@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from service import control, destination_switch, destinations, logs, netpolicy
+from service import destination_switch, destinations, logs, netpolicy
 from service.clock import Clock
-from service.ledger import replays
+from service.ledger import control, replays
 from service.ops import redaction
 from service.ops.console import data, refs
 
@@ -133,7 +133,7 @@ class Actions:
         self, operator: str, run_id: int, action: str, *, apply: bool, reason: str
     ) -> dict[str, Any]:
         """Hold, release, cancel or dead-letter a run (dry run unless ``apply``), through
-        ``service.control`` as ``relay runs`` does; recorded in ``run_actions``."""
+        ``service.ledger.control`` as ``relay runs`` does; recorded in ``run_actions``."""
         if action not in control.ACTIONS:
             raise ActionError(f"action: one of {', '.join(control.ACTIONS)}")
         reason = check_reason(reason, apply)

@@ -15,7 +15,7 @@ import asyncpg
 import jinja2
 from aiohttp import web
 
-from service import control
+from service.ledger import control
 from service.ops.console import actions, api, events, pages, refs, security
 from service.ops.console.app_keys import ACTIONS, DOOR, POOL, REF_KEY, TEMPLATES
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from service import control, db, events, ledger, runs, suppressions
+from service import db, events, ledger, runs, suppressions
+from service.ledger import control
 from service.ops import redaction
 from service.ops.console import refs
 

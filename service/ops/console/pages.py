@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from service import control
+from service.ledger import control
 from service.ops.console import actions, data, params, security
 from service.ops.console.app_keys import ACTIONS, DOOR, POOL, REF_KEY, TEMPLATES, operator_name
 

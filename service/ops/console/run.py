@@ -25,7 +25,6 @@ from aiohttp import web
 
 from service import (
     amqp,
-    control,
     conventions,
     db,
     destination_switch,
@@ -34,7 +33,7 @@ from service import (
     telemetry,
 )
 from service.clock import Clock, SystemClock
-from service.ledger import replays
+from service.ledger import control, replays
 from service.ops import destinations as ops_destinations
 from service.ops.console import actions, app, operators, refs, security, sessions, throttle
 from service.settings import Settings

@@ -1,11 +1,10 @@
-"""Operator transitions over deliveries: steer one publish run (hold, release, cancel,
-dead-letter), reopen occurrences skipped while admission was paused (backfill), and skip
+"""Operator transitions: steer one publish run (hold, release, cancel, dead-letter), cancel
+a reminder, reopen occurrences skipped while admission was paused (backfill), and skip
 admitted occurrences an edit of their reminder's schedule no longer owes.
 
-Part of the one door to delivery state, beside ``service.ledger``: each transition is a
-named conditional statement of ``sql/queries.sql`` that locks rows in id order, and each
-run action is written in the same transaction as the record of who did it, when, why and
-to how many rows (``run_actions``).
+Each transition is a named conditional statement of ``sql/queries.sql`` that locks rows
+in id order, and each run action is written in the same transaction as the record of who
+did it, when, why and to how many rows (``run_actions``).
 
 A cancel or dead-letter reaches rows already claimed. A claimed row not past its last
 check (``service.ledger.lastcheck``) is moved at once, and its consumer's last check, which
@@ -26,9 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from service import ledger
 from service.db import q
-from service.ledger import Connection, Executor, State
+from service.ledger.model import Connection, Executor, State, operator_dead_error
 
 ACTIONS = ("hold", "release", "cancel", "dead-letter")
 STOPS = ("cancel", "dead-letter")  # the actions that end a run's rows
@@ -191,7 +189,7 @@ async def _stop_rows(
     conn: Connection, run_id: int, action: str, action_id: int, reason: str | None
 ) -> tuple[int, int, tuple[tuple[int, int], ...]]:
     """run_stop: (rows moved, of them claimed, (id, attempt) of the rows on the wire)."""
-    error = ledger.operator_dead_error(reason)
+    error = operator_dead_error(reason)
     rows = await conn.fetch(q("run_stop"), run_id, action, action_id, error)
     moved = [r for r in rows if not r["on_the_wire"]]
     claimed = sum(1 for r in moved if r["prior_state"] == State.SENDING)
@@ -291,3 +289,11 @@ async def skip_rescheduled(conn: Connection, ids: Sequence[int]) -> list[int]:
     if not ids:
         return []
     return [r["id"] for r in await conn.fetch(q("skip_rescheduled"), list(ids))]
+
+
+async def cancel_reminder(executor: Executor, reminder_id: str) -> bool:
+    """An operator's cancel: no new occurrences, and its queued sends are skipped at send
+    time (the consumer reads it again right before each request). Recorded as
+    ``cancelled``, so enabling its destination never revives it. False if there is no such
+    reminder or it already was cancelled."""
+    return await executor.fetchval(q("cancel_reminder"), reminder_id) is not None
