@@ -29,9 +29,9 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from service import admission, amqp, db, errors, runs, schedule, schedule_history
-from service.admission import NewDelivery
-from service.ledger import State, control, publication
+from service import amqp, db, errors, runs, schedule, schedule_history
+from service.ledger import State, admission, control, publication
+from service.ledger.admission import NewDelivery
 from service.progress import Progress
 from service.settings import Settings
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from service import logs, runs, schedule
-from service.admission import NewDelivery
+from service.ledger.admission import NewDelivery
 from service.settings import Settings
 
 log = logs.get("publisher")

@@ -28,9 +28,9 @@ import asyncpg
 from opentelemetry import trace
 
 from publisher.plan import plan_batch
-from service import admission, amqp, brokers, db, errors, logs, runs, telemetry
+from service import amqp, brokers, db, errors, logs, runs, telemetry
 from service.clock import Clock
-from service.ledger import State, publication, recovery
+from service.ledger import State, admission, publication, recovery
 from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics

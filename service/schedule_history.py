@@ -12,7 +12,7 @@ writes and reads that history and answers, piecewise, which occurrences a remind
 
 A reminder's first version holds from before it was loaded (``valid_from`` None): the
 ledger knows no older schedule. Occurrences are told apart at the resolution of their
-idempotency keys (whole seconds, ``service.admission.schedule_key``): two instants within
+idempotency keys (whole seconds, ``service.ledger.admission.schedule_key``): two instants within
 one second are one occurrence. The rules are in ``docs/schedules.md`` ("Editing a
 schedule").
 """

@@ -11,6 +11,8 @@ through named queries; ``tests/unit/test_ledger_door.py`` holds the line.
 This module is the package's vocabulary (``service.ledger.model``, re-exported: the
 states, the rows, the connection types); each concern is a module of its own:
 
+* ``admission``: due reminders locked, their owed occurrences inserted, their schedules
+  advanced (one transaction per batch)
 * ``sending``: claim, give back, write an attempt's outcome, confirm a dead letter
 * ``lastcheck``: the last check before a request
 * ``publication``: the pending sweep's page, and ``pending -> queued`` once a publish is confirmed

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 import pytest
 
-from service import admission
+from service.ledger import admission
 from service.ops import reminders
 from service.settings import Settings
 from tests.support import relay as rs

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from consumer.channels import email, http, sms, webhook
 from consumer.channels.base import OutcomeKind, SendRequest
-from service import admission, entry, ledger, limits, netpolicy
+from service import entry, ledger, limits, netpolicy
+from service.ledger import admission
 from service.ops import reminders
 
 LOOPBACK = netpolicy.parse_networks("127.0.0.0/8")

@@ -2,7 +2,8 @@
 delivery rows (one per occurrence, keyed by business identity) and their schedules
 advanced, all inside one transaction per batch (the caller's).
 
-Like ``service.ledger`` for deliveries, this is the only code that runs these statements.
+The only code that runs these statements (the reminders' locking and advancing too: they
+are one transaction with the inserts).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from service.db import q
-from service.ledger import Connection, Executor, State
+from service.ledger.model import Connection, Executor, State
 
 
 def schedule_key(reminder_id: str, occurrence_at: datetime, channel: str) -> str:
