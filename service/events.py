@@ -1,10 +1,10 @@
-"""Business events: the event-type catalogue, recording an event with its fan-out, and the
-reads the tools share.
+"""Business events: the event-type catalogue, what recording an event fans out to (the
+statement itself is ``service.ledger.intake``'s), and the reads the tools share.
 
 An application records an event with ``service.outbox.add_event`` inside its own
-transaction. That one statement (``event_add``) inserts the event and, **in the same
-transaction**, one pending delivery per destination subscribed to it
-(``service.subscriptions``): an ordinary outbox delivery with its own destination, payload,
+transaction. That one statement (``event_add``, run by ``service.ledger.intake``) inserts
+the event and, **in the same transaction**, one pending delivery per destination subscribed
+to it (``service.subscriptions``): an ordinary outbox delivery with its own destination, payload,
 rate budget and idempotency key ``event:<event key>:<destination id>``. Downstream it is a
 delivery like any other: the publish run's pending sweep publishes it, a consumer claims it
 and signs it with its destination's own secret, and retries, the circuit breaker, dead
@@ -15,13 +15,12 @@ The same key recorded again inserts nothing, neither event nor delivery: an even
 out once, to the subscriptions in force when it was first recorded. A disabled
 destination's delivery is created and held, as every delivery of a disabled destination is
 (its enable sends them); a destination subscribed later is owed older events only through
-``subscriptions.backfill``.
+a backfill (``service.ledger.intake.backfill_events``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -95,26 +94,6 @@ async def schema_of(conn: Connection, name: str) -> tuple[bool, Any]:
 
 
 # ------------------------------------------------------------------------------- record
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """An event recorded now, and how many deliveries its fan-out created."""
-
-    event_id: int
-    deliveries: int
-
-
-async def record(
-    conn: Connection, key: str, event_type: str, payload: dict[str, Any], urgent: bool
-) -> Recorded | None:
-    """Insert the event and its deliveries (the caller checked everything and holds the
-    transaction); None when the key was recorded before (nothing inserted)."""
-    row = await conn.fetchrow(q("event_add"), key, event_type, payload, urgent)
-    assert row is not None
-    if row["event_id"] is None:
-        return None
-    return Recorded(int(row["event_id"]), int(row["deliveries"]))
 
 
 # -------------------------------------------------------------------------------- reads

@@ -92,7 +92,7 @@ from typing import Any, Literal, get_args
 import asyncpg
 
 from service import destinations, entry, errors, event_schema, events, ledger, netpolicy
-from service.db import q
+from service.ledger import intake
 
 OutboxChannel = Literal["webhook", "email", "sms"]
 
@@ -222,7 +222,7 @@ async def add_event(
     event_type: str,
     payload: dict[str, Any],
     urgent: bool = False,
-) -> events.Recorded | None:
+) -> intake.Recorded | None:
     """Record one business event inside the caller's open transaction, with one delivery
     per destination subscribed to its type (the module docstring shows the call).
 
@@ -261,7 +261,7 @@ async def add_event(
     if (problem := event_schema.payload_problem(schema, payload, event_type)) is not None:
         raise InvalidIntentError(problem)
     try:
-        return await events.record(conn, key, event_type, payload, urgent)
+        return await intake.record_event(conn, key, event_type, payload, urgent)
     except asyncpg.DataError:
         pass  # client-side encoding failed: raised below, unchained (the driver quotes it)
     raise InvalidIntentError(_NO_CODEC)
@@ -284,25 +284,14 @@ async def _insert(
     event_type: str | None,
 ) -> int | None:
     """Insert the intent (a pending delivery due now); its id, or None if the key exists."""
-    encoded = True
     try:
-        delivery_id = await conn.fetchval(
-            q("insert_outbox_intent"),
-            ledger.outbox_key(key),
-            channel,
-            provider or channel,
-            destination,
-            payload,
-            None,  # occurrence_at: the transaction's time (now())
-            urgent,
-            event_type,
+        return await intake.insert_intent(
+            conn, key, channel, provider or channel, destination, payload, urgent, event_type
         )
     except asyncpg.DataError:
         # Client-side encoding failed, so nothing reached the server and the caller's
         # transaction is intact: without the jsonb codec asyncpg wants a str.
-        encoded = False
-    if not encoded:
-        # Raised outside the handler so the driver's error, which quotes the payload,
-        # is not chained to this one and cannot reach a log line.
-        raise InvalidIntentError(_NO_CODEC)
-    return None if delivery_id is None else int(delivery_id)
+        pass
+    # Raised outside the handler so the driver's error, which quotes the payload, is not
+    # chained to this one and cannot reach a log line.
+    raise InvalidIntentError(_NO_CODEC)

@@ -18,8 +18,10 @@ reads as JSON (``3``, ``true``, ``null``, ``"3"``) is that value, any other text
 A destination receives an event once however many of its subscriptions take it. The
 subscriptions in force when an event is recorded decide who is owed it
 (``service.events``): a destination subscribed later receives older events only through
-:func:`backfill`, on purpose. Matching is SQL (``event_pattern_matches`` and
-``event_filter_matches``, migration 0017), so the fan-out and a backfill agree.
+a backfill (``relay destinations subscribe --backfill-since``, which runs
+``service.ledger.intake.backfill_events``), on purpose. Matching is SQL
+(``event_pattern_matches`` and ``event_filter_matches``, migration 0017), so the fan-out
+and a backfill agree.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -160,13 +161,3 @@ async def unsubscribe(executor: Executor, url: str, pattern: str) -> bool:
 async def of(executor: Executor, url: str | None) -> list[dict[str, Any]]:
     """A destination's subscriptions (None: everyone's)."""
     return [dict(r) for r in await executor.fetch(q("subscriptions_of"), url)]
-
-
-async def backfill(
-    conn: Connection, url: str, pattern: str, since: datetime, until: datetime
-) -> list[tuple[int, bool, datetime]]:
-    """Owe the destination the events its subscription ``pattern`` takes that were recorded
-    in [since, until), as if it had been subscribed then: the same keys, so an event it
-    already has adds nothing. The new pending rows (the next publish run sends them)."""
-    rows = await conn.fetch(q("subscription_backfill"), url, pattern, since, until)
-    return [(r["id"], r["urgent"], r["occurrence_at"]) for r in rows]

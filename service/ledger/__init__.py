@@ -13,6 +13,8 @@ states, the rows, the connection types); each concern is a module of its own:
 
 * ``admission``: due reminders locked, their owed occurrences inserted, their schedules
   advanced (one transaction per batch)
+* ``intake``: rows from outside the schedule: outbox intents, an event's fan-out, a
+  subscription's backfill
 * ``sending``: claim, give back, write an attempt's outcome, confirm a dead letter
 * ``lastcheck``: the last check before a request
 * ``publication``: the pending sweep's page, and ``pending -> queued`` once a publish is confirmed

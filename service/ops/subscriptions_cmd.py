@@ -15,6 +15,7 @@ from typing import Any
 
 from service import destination_switch, entry, errors, subscriptions
 from service.clock import SystemClock
+from service.ledger import intake
 from service.ops import deliveries as deliveries_cmd
 from service.ops import destinations as destinations_cmd
 from service.settings import Settings
@@ -51,7 +52,7 @@ async def subscribe(args: argparse.Namespace, settings: Settings) -> int:
             if done is None:
                 return _missing(url)
             owed = (
-                await subscriptions.backfill(conn, url, args.type, since, until)
+                await intake.backfill_events(conn, url, args.type, since, until)
                 if since is not None
                 else []
             )

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from service import events, outbox
+from service.ledger import intake
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support.receivers import Receiver, delivered, keyed, receivers
@@ -75,7 +76,7 @@ async def test_one_event_makes_one_delivery_per_subscribed_destination_keyed_by_
 
     recorded = await _add(pool, "s-1:delayed", "shipment.delayed", shipment=1, eta="10:00")
 
-    assert recorded == events.Recorded(recorded.event_id, 2)
+    assert recorded == intake.Recorded(recorded.event_id, 2)
     ids = await _ids(pool)
     assert await _owed(pool) == {
         events.delivery_key("s-1:delayed", ids[A]): A,
