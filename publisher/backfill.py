@@ -29,8 +29,8 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from service import amqp, db, errors, runs, schedule, schedule_history
-from service.ledger import State, admission, control, publication
+from service import amqp, db, errors, schedule, schedule_history
+from service.ledger import State, admission, control, publication, publish_runs
 from service.ledger.admission import NewDelivery
 from service.progress import Progress
 from service.settings import Settings
@@ -158,7 +158,7 @@ async def _one(pool: asyncpg.Pool, row: asyncpg.Record, summary: BackfillSummary
     if not missing and not paused:
         return
     if summary.run_id is None:  # the first occurrence to admit opens the backfill run
-        started = await runs.start(pool, "backfill", summary.start, socket.gethostname())
+        started = await publish_runs.start(pool, "backfill", summary.start, socket.gethostname())
         summary.run_id = started.run_id
     async with pool.acquire() as conn, conn.transaction():
         inserted = await admission.insert_deliveries(
@@ -208,7 +208,7 @@ async def admit(
 
 async def _finish(pool: asyncpg.Pool, summary: BackfillSummary) -> None:
     assert summary.run_id is not None
-    await runs.finish(
+    await publish_runs.finish(
         pool,
         summary.run_id,
         "ok" if summary.failed == 0 else "incomplete",
@@ -254,6 +254,8 @@ async def run(
         if apply and publish_now:
             await publish(settings, pool, summary)
             assert summary.run_id is not None
-            await runs.record_published(pool, summary.run_id, summary.published, summary.failed)
+            await publish_runs.record_published(
+                pool, summary.run_id, summary.published, summary.failed
+            )
         return summary
     raise AssertionError("unreachable")

@@ -30,7 +30,7 @@ from opentelemetry import trace
 from publisher.plan import plan_batch
 from service import amqp, brokers, db, errors, logs, runs, telemetry
 from service.clock import Clock
-from service.ledger import State, admission, publication, recovery
+from service.ledger import State, admission, publication, publish_runs, recovery
 from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics
@@ -122,7 +122,7 @@ class PublishRun:
         oldest_due = await admission.oldest_due(self._pool, now)
         intended = intended_fire_at or min(oldest_due or now, now)
         kind = "rescue" if rescue_only else "publish"
-        started = await runs.start(self._pool, kind, intended, socket.gethostname())
+        started = await publish_runs.start(self._pool, kind, intended, socket.gethostname())
         self.run_id = started.run_id
         self._metrics.scheduler_lag.record(max((started.started_at - intended).total_seconds(), 0))
         fields = {"event": "publish_run", "run_id": self.run_id}
@@ -263,7 +263,7 @@ class PublishRun:
 
     async def _finish(self, status: str) -> RunResult:
         c = self.counts
-        await runs.finish(
+        await publish_runs.finish(
             self._pool,
             self.run_id,
             status,

@@ -1,12 +1,10 @@
-"""Publish runs and the admission switch: the one door to ``publish_runs`` and
-``admission``.
+"""Publish runs as they are reported, and the admission switch (the one door to
+``admission`` and its pause windows).
 
-A run is recorded when it starts (``running``) and finished once with its counts; the
-CHECK constraint ties ``finished_at`` to the status, and finishing a run that is no
-longer ``running`` changes nothing. The run report (what a run was due, what became
-of its deliveries, its lag) is read here too, because both ``relay status`` and the
-consumer's metrics sampler need it. Each function runs named blocks of
-``sql/queries.sql``.
+The run report (what a run was due, what became of its deliveries, its lag) is read here,
+because both ``relay status`` and the consumer's metrics sampler need it. A run's record
+itself (started, finished with its counts) is written by ``service.ledger.publish_runs``.
+Each function runs named blocks of ``sql/queries.sql``.
 """
 
 from __future__ import annotations
@@ -17,14 +15,6 @@ from datetime import datetime
 from typing import Any
 
 from service import db, ledger, receipts
-
-
-@dataclass(frozen=True)
-class Started:
-    """A run just recorded as ``running``."""
-
-    run_id: int
-    started_at: datetime  # the database's clock
 
 
 @dataclass
@@ -117,51 +107,6 @@ def summary(states: dict[str, int], no_receipt: int = 0, channel: str = "") -> d
         counts["no_receipt"] = no_receipt
         counts["bounced"] = states.get(ledger.State.BOUNCED, 0)
     return counts
-
-
-async def start(
-    executor: ledger.Executor, kind: str, intended_fire_at: datetime, host: str
-) -> Started:
-    """Record a new ``running`` run of ``kind`` (``publish`` or ``rescue``)."""
-    row = await executor.fetchrow(db.q("start_run"), kind, intended_fire_at, host)
-    assert row is not None  # an INSERT ... RETURNING always returns its row
-    return Started(run_id=row["id"], started_at=row["started_at"])
-
-
-async def finish(
-    executor: ledger.Executor,
-    run_id: int,
-    status: str,
-    *,
-    due: int,
-    created: int,
-    skipped: int,
-    published: int,
-    rescued: int,
-    failed: int,
-    error: str | None,
-) -> bool:
-    """running -> ``status`` with the run's counts; False if it was already finished."""
-    result = await executor.execute(
-        db.q("finish_run"),
-        run_id,
-        status,
-        due,
-        created,
-        skipped,
-        published,
-        rescued,
-        failed,
-        error,
-    )
-    return result == "UPDATE 1"
-
-
-async def record_published(
-    executor: ledger.Executor, run_id: int, published: int, failed: int
-) -> None:
-    """A finished run that published afterwards (a backfill with --publish): its counts."""
-    await executor.execute(db.q("run_published_count"), run_id, published, failed)
 
 
 async def admission_paused(executor: ledger.Executor) -> bool:

@@ -19,6 +19,7 @@ states, the rows, the connection types); each concern is a module of its own:
 * ``lastcheck``: the last check before a request
 * ``publication``: the pending sweep's page, and ``pending -> queued`` once a publish is confirmed
 * ``recovery``: rescue and the overdue sweep (which rows' messages are presumed lost, stamped)
+* ``publish_runs``: a publish run's record, started and finished with its counts
 * ``control``: an operator's transitions: a run's hold, release, cancel, dead-letter (with
   their record in ``run_actions``), a reminder's cancel, backfill's reopening of paused
   skips, a schedule edit's skips
