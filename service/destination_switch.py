@@ -9,7 +9,7 @@ transaction:
 * it settles the destination's deliveries that are neither final nor in flight (held):
   one whose reminder was cancelled is skipped ``cancelled``, one older than its reminder's
   ``stale_after`` (without ``send_stale``) is skipped ``stale``, the others are sent (the
-  parked ones are due at once);
+  parked ones are due at once): ``service.ledger.switches``;
 * it leaves each resumed reminder's ``next_due_at`` where the pause stopped it, so the
   next publish run treats what fell due meanwhile exactly as missed fires: the reminder's
   ``missed_policy`` (and admission's pause windows) say which occurrences are sent and
@@ -35,6 +35,7 @@ import asyncpg
 
 from service import destinations, entry, errors, netpolicy, runs, schedule
 from service.db import q
+from service.ledger import switches
 from service.settings import Settings
 
 MAX_REASON_CHARS = 200
@@ -183,8 +184,7 @@ async def enable(
             return Enabling(url, apply, changed=False)
         paused = await conn.fetch(q("enable_resume_reminders"), url, apply)
         cancelled = int(await conn.fetchval(q("destination_cancelled_reminders"), url))
-        held = await conn.fetchrow(q("enable_settle_held"), url, apply)
-        assert held is not None
+        held = await switches.settle_held(conn, url, apply)
         since = min((r["next_due_at"] for r in paused if r["next_due_at"]), default=now)
         owed = owed_occurrences(paused, now, missed, await runs.pause_windows(conn, since))
         result = Enabling(
@@ -193,9 +193,9 @@ async def enable(
             changed=True,
             reminders_resumed=len(paused),
             reminders_cancelled=cancelled,
-            held_send=held["send"],
-            held_stale=held["stale"],
-            held_cancelled=held["cancelled"],
+            held_send=held.send,
+            held_stale=held.stale,
+            held_cancelled=held.cancelled,
             occurrences_send=owed.send,
             occurrences_stale=owed.stale,
             occurrences_skipped=owed.skipped,
