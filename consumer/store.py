@@ -16,9 +16,9 @@ from typing import Any
 import asyncpg
 
 from consumer.outage import DatabaseWatch
-from service import destinations, receipts, reconciliations
+from service import destinations, reconciliations
 from service.batching import Batcher
-from service.ledger import Claimed, Completion, State, Unclaimable, lastcheck, sending
+from service.ledger import Claimed, Completion, State, Unclaimable, lastcheck, sending, settlement
 from service.ledger.lastcheck import LastCheck
 
 ClaimResult = Claimed | Unclaimable | None
@@ -193,10 +193,10 @@ class Store:
                 if not accepted:
                     return await sending.complete(conn, completions)
                 # A receipt may have come before this outcome: settle by it in the same
-                # transaction (``service.receipts`` says why nothing is missed).
+                # transaction (``service.ledger.settlement`` says why nothing is missed).
                 async with conn.transaction():
                     written = await sending.complete(conn, completions)
-                    await receipts.settle(conn, accepted)
+                    await settlement.settle(conn, accepted)
                 return written
 
         written = await self._watch.run(statement)

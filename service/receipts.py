@@ -1,13 +1,11 @@
-"""Provider receipts in the ledger: the one door to ``receipts`` and to the transitions a
-receipt makes (``accepted -> delivered | bounced``, ``delivered -> bounced``). A receipt
-that says the address will not take messages puts it on the suppression list, in the same
-transaction (``service.suppressions``).
+"""Provider receipts in the ledger: the one door to ``receipts``. A receipt is appended
+(never changed), then its delivery is settled by every receipt it has, in the same
+transaction (``service.ledger.settlement``: ``accepted -> delivered | bounced``,
+``delivered -> bounced``). A receipt that says the address will not take messages puts it
+on the suppression list, in the same transaction too (``service.suppressions``).
 
-A receipt is appended (never changed), then its delivery is settled by every receipt it
-has: the strongest outcome wins, so receipts that come twice, out of order, or before the
-consumer wrote the outcome all converge on one state. The consumer's outcome write settles
-too (``settle`` in the same transaction), and both take the delivery's row lock first, so
-whichever of the two commits second sees the other.
+The consumer's outcome write settles as well (in its own transaction), and both take the
+delivery's row lock first, so whichever of the two commits second sees the other.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service import db, ledger, receipt_events, suppressions
-from service.ledger import State
+from service.ledger import State, settlement
 from service.receipt_events import ReceiptEvent
 
 
@@ -58,21 +56,11 @@ async def record(conn: ledger.Connection, event: ReceiptEvent, delivery_id: int)
             event.reason,
             event.provider_at,
         )
-        moved = await settle(conn, [delivery_id])
+        moved = await settlement.settle(conn, [delivery_id])
         suppressed = await suppressions.from_receipt(conn, event, delivery_id)
     state = moved.get(delivery_id) or State(before)
     new = receipt_id is not None
     return Recorded(delivery_id, new, state, delivery_id in moved, suppressed)
-
-
-async def settle(conn: ledger.Connection, delivery_ids: Sequence[int]) -> dict[int, State]:
-    """Apply the receipts the ledger holds to these deliveries; those moved, to their new
-    state. Run it where the delivery's row is locked by the same transaction (or let it
-    lock): after an outcome write, after a receipt."""
-    if not delivery_ids:
-        return {}
-    rows = await conn.fetch(db.q("receipts_settle"), list(delivery_ids))
-    return {r["id"]: State(r["state"]) for r in rows}
 
 
 async def of_delivery(executor: ledger.Executor, delivery_id: int) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ states, the rows, the connection types); each concern is a module of its own:
 * ``control``: an operator's transitions: a run's hold, release, cancel, dead-letter (with
   their record in ``run_actions``), a reminder's cancel, backfill's reopening of paused
   skips, a schedule edit's skips
+* ``settlement``: receipts settling ``accepted`` rows (``delivered``, ``bounced``)
 * ``switches``: a destination's enable settling its held rows
 * ``replays``: replay (``dead -> pending``, a new round) and the record of replays and drops
 """
