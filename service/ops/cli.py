@@ -1,9 +1,8 @@
 """The ``relay`` command line: argument parsing and dispatch to each command's handler.
 
-Handlers live beside what they drive (``publisher.commands``, ``consumer.commands``,
-``service.ops.commands``) and are looked up by name when their subcommand runs, so
-``service`` never imports ``publisher`` or ``consumer`` and a consumer process never
-loads the publisher's code.
+The handlers (``service.ops.handlers``) import what they drive (``publisher.commands``,
+``consumer.commands``, ``service.ops.commands`` ...) when their subcommand runs, so a
+consumer process never loads the publisher's code and ``relay --help`` loads neither.
 """
 
 from __future__ import annotations
@@ -11,57 +10,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib
 import os
 import sys
 import traceback
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import uvloop
 
 from service import errors, logs, settings
-from service.ops import cli_events, cli_operators, cli_receipts
+from service.ops import cli_events, cli_operators, cli_receipts, handlers
 from service.ops.console import cli_args as console_args
 
 _log = logs.get("cli")
 # The folder holding service/, publisher/ and consumer/: frames there are this project's.
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-Handler = Callable[[argparse.Namespace, settings.Settings], Coroutine[Any, Any, int]]
-
-# subcommand -> "module:function"; the function is async (args, settings) -> exit code.
-HANDLERS = {
-    "migrate": "service.ops.commands:migrate",
-    "reminders.load": "service.ops.commands:reminders_load",
-    "reminders.list": "service.ops.commands:reminders_list",
-    "reminders.show": "service.ops.commands:reminders_show",
-    "reminders.cancel": "service.ops.commands:reminders_cancel",
-    "status": "service.ops.commands:status",
-    "pause": "service.ops.commands:pause",
-    "resume": "service.ops.commands:resume",
-    "partner": "service.ops.commands:partner",
-    "destinations.add": "service.ops.destinations:add",
-    "destinations.show": "service.ops.destinations:show",
-    "destinations.list": "service.ops.destinations:list_",
-    "destinations.rotate-secret": "service.ops.destinations:rotate_secret",
-    "destinations.disable": "service.ops.destinations:disable",
-    "destinations.enable": "service.ops.destinations:enable",
-    "destinations.envelope": "service.ops.destinations:envelope",
-    "destinations.rekey": "service.ops.destinations:rekey",
-    "demo": "service.ops.demo:main",
-    "publish": "publisher.commands:publish",
-    "rescue": "publisher.commands:rescue",
-    "replay": "publisher.commands:replay",
-    "consume": "consumer.commands:consume",
-    **cli_operators.HANDLERS,
-    **cli_receipts.HANDLERS,
-    **cli_events.HANDLERS,
-    **console_args.HANDLERS,
-}
-
 
 # The subcommands' parsers (argparse's type for it is private).
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -296,12 +261,6 @@ def _add_partner_and_demo(sub: Subcommands) -> None:
     )
 
 
-def resolve(name: str) -> Handler:
-    module_name, _, func = HANDLERS[name].partition(":")
-    handler: Handler = getattr(importlib.import_module(module_name), func)
-    return handler
-
-
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -329,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return errors.ExitCode.CONFIG
     name = args.command + (f".{args.action}" if getattr(args, "action", None) else "")
     try:
-        handler = resolve(name)  # imports the command's modules
+        handler = handlers.HANDLERS[name]
         # A message allocates hundreds of short-lived objects, so the default cyclic-GC
         # threshold (700) collected every few messages: 1,340 collections, 8 % of the
         # consumer's CPU over 20,000 deliveries. What start-up loaded is frozen out of the

@@ -1,19 +1,12 @@
 """The ``relay`` arguments of the event commands: ``event-types add|list|show`` and
-``destinations subscribe|unsubscribe`` (``service.ops.cli`` adds them to its parser and
-its handlers; ``service.ops.destinations`` calls :func:`add_subscribe` for its own)."""
+``destinations subscribe|unsubscribe`` (``service.ops.cli`` adds them to its parser, their
+handlers are ``service.ops.handlers``; ``service.ops.destinations`` calls
+:func:`add_subscribe` for its own)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-
-HANDLERS = {
-    "event-types.add": "service.ops.event_types_cmd:add",
-    "event-types.list": "service.ops.event_types_cmd:list_",
-    "event-types.show": "service.ops.event_types_cmd:show",
-    "destinations.subscribe": "service.ops.subscriptions_cmd:subscribe",
-    "destinations.unsubscribe": "service.ops.subscriptions_cmd:unsubscribe",
-}
 
 # cli._command: (subparsers, name, summary, *examples) -> parser
 Command = Callable[..., argparse.ArgumentParser]

@@ -1,22 +1,12 @@
 """The ``relay`` arguments of the operators' commands: ``deliveries``, ``runs`` and
-``backfill`` (``service.ops.cli`` adds them to its parser and its handlers)."""
+``backfill`` (``service.ops.cli`` adds them to its parser; their handlers are
+``service.ops.handlers``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from collections.abc import Callable
-
-HANDLERS = {
-    "deliveries.show": "service.ops.deliveries:show",
-    "deliveries.list": "service.ops.deliveries:list_",
-    "runs.list": "service.ops.runs_cmd:list_",
-    "runs.hold": "service.ops.runs_cmd:hold",
-    "runs.release": "service.ops.runs_cmd:release",
-    "runs.cancel": "service.ops.runs_cmd:cancel",
-    "runs.dead-letter": "service.ops.runs_cmd:dead_letter",
-    "backfill": "publisher.commands:backfill",
-}
 
 # cli._command: (subparsers, name, summary, *examples) -> parser
 Command = Callable[..., argparse.ArgumentParser]

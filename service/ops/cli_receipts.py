@@ -1,5 +1,6 @@
 """The ``relay`` arguments of provider receipts and suppression: ``receipts`` and
-``suppressions`` (``service.ops.cli`` adds them to its parser and its handlers)."""
+``suppressions`` (``service.ops.cli`` adds them to its parser; their handlers are
+``service.ops.handlers``)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,6 @@ import argparse
 
 from service.ops import cli_operators
 from service.ops.cli_operators import Command
-
-HANDLERS = {
-    "receipts": "service.ops.receipts_server:main",
-    "suppressions.list": "service.ops.suppressions_cmd:list_",
-    "suppressions.add": "service.ops.suppressions_cmd:add",
-    "suppressions.remove": "service.ops.suppressions_cmd:remove",
-}
 
 
 def add(sub: argparse._SubParsersAction, command: Command) -> None:  # type: ignore[type-arg]

@@ -327,8 +327,8 @@ async def test_consume_check_on_a_healthy_setup_says_ok(settings: Settings) -> N
 async def _crashing_relay(settings: Settings, **env: str) -> rs.Result:
     """`relay pause` whose handler has a bug, run like the console script."""
     code = (
-        "import sys; from service.ops import cli; "
-        "cli.HANDLERS['pause'] = 'tests.support.crashing:handler'; "
+        "import sys; from service.ops import cli, handlers; from tests.support import crashing; "
+        "handlers.HANDLERS['pause'] = crashing.handler; "
         "sys.exit(cli.main(['pause']))"
     )
     proc = await asyncio.create_subprocess_exec(

@@ -4,11 +4,15 @@ every subcommand has a one-line description and an example."""
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from service.ops import cli
+from service.ops import cli, handlers
 
 
 def _parsers(
@@ -25,7 +29,7 @@ PARSERS = dict(_parsers(cli.build_parser()))
 
 
 def test_every_command_with_a_handler_is_covered() -> None:
-    commands = {"relay " + name.replace(".", " ") for name in cli.HANDLERS}
+    commands = {"relay " + name.replace(".", " ") for name in handlers.HANDLERS}
     assert commands <= set(PARSERS)
 
 
@@ -54,3 +58,30 @@ def test_version_is_an_option() -> None:
     with pytest.raises(SystemExit) as exited:
         cli.build_parser().parse_args(["--version"])
     assert exited.value.code == 0
+
+
+def _handler_targets() -> set[str]:
+    """The modules the handlers import (inside each handler: when its subcommand runs)."""
+    tree = ast.parse(inspect.getsource(handlers))
+    return {
+        f"{node.module}.{alias.name}"
+        for fn in tree.body
+        if isinstance(fn, ast.AsyncFunctionDef)
+        for node in ast.walk(fn)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def test_relay_help_loads_no_command_module() -> None:
+    # What keeps `relay --help` (and each process's start) quick: building the parser
+    # imports none of the modules the handlers run, but the one whose parser it reuses.
+    targets = _handler_targets()
+    assert {"publisher.commands", "consumer.commands", "service.ops.console.run"} <= targets
+    code = "import sys; from service.ops import cli; cli.build_parser(); print(*sys.modules)"
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    loaded = {m for m in found if m.split(".")[0] in ("service", "publisher", "consumer")}
+    assert loaded & targets == {"service.ops.destinations"}
+    assert not any(m.split(".")[0] in ("publisher", "consumer") for m in loaded)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from service.ops import cli
+from service.ops import cli, handlers
 from service.settings import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -23,11 +23,23 @@ def test_every_subcommand_is_in_the_readme_commands_table() -> None:
     assert missing == []
 
 
-def test_every_handler_resolves_to_a_coroutine_function() -> None:
+def test_every_subcommand_has_a_handler_and_every_handler_a_subcommand() -> None:
     import inspect
 
-    for name in cli.HANDLERS:
-        assert inspect.iscoroutinefunction(cli.resolve(name)), name
+    def leaves(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return {prefix}
+        return {
+            leaf
+            for sub in subs
+            for name, child in sub.choices.items()
+            for leaf in leaves(child, f"{prefix}.{name}" if prefix else name)
+        }
+
+    assert leaves(cli.build_parser()) == set(handlers.HANDLERS)
+    for name, handler in handlers.HANDLERS.items():
+        assert inspect.iscoroutinefunction(handler), name
 
 
 def test_the_rabbitmq_permissions_in_deploy_md_name_every_exchange_and_queue() -> None:

@@ -1,18 +1,11 @@
 """The ``relay`` arguments of ``console`` and ``console-operators`` (``service.ops.cli``
-adds them to its parser and its handlers)."""
+adds them to its parser; their handlers are ``service.ops.handlers``)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-
-HANDLERS = {
-    "console": "service.ops.console.run:main",
-    "console-operators.add": "service.ops.console.operators_cmd:add",
-    "console-operators.remove": "service.ops.console.operators_cmd:remove",
-    "console-operators.list": "service.ops.console.operators_cmd:list_",
-}
 
 # cli._command: (subparsers, name, summary, *examples) -> parser
 Command = Callable[..., argparse.ArgumentParser]

@@ -2,9 +2,9 @@
 sessions, metrics, the app.
 
 The operators file is read before anything connects (a missing or bad one: exit 2). The
-replay is ``publisher.replay.Replayer``, looked up by name when the console starts (as the
-CLI looks up handlers), because the operator tools never import ``publisher``. Every exit
-path closes what it opened; SIGTERM or SIGINT stops it.
+replay is ``publisher.replay.Replayer``'s, the one place beside the CLI's handlers where the
+operator tools import ``publisher`` (this module is loaded only by ``relay console``). Every
+exit path closes what it opened; SIGTERM or SIGINT stops it.
 """
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiormq
 import asyncpg
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
+from publisher import replay as publisher_replay
 from service import (
     amqp,
     conventions,
@@ -39,7 +38,6 @@ from service.ops.console import actions, app, operators, refs, security, session
 from service.settings import Settings
 
 log = logs.get("console")
-REPLAYER = "publisher.replay:Replayer"
 _CLOSE_SECONDS = 5.0
 
 
@@ -51,8 +49,6 @@ def make_replay(
     metrics: telemetry.Metrics,
 ) -> actions.Replay:
     """The console's replay: ``publisher.replay``'s, one ``Replayer`` per request."""
-    module, name = REPLAYER.split(":")
-    replayer_class: Any = getattr(importlib.import_module(module), name)
 
     async def replay(
         source: str,
@@ -62,7 +58,7 @@ def make_replay(
         operator: str,
         reason: str,
     ) -> actions.ReplayResult:
-        replayer = replayer_class(
+        replayer = publisher_replay.Replayer(
             pool=pool, publisher=publisher, metrics=metrics, operator=operator, reason=reason
         )
         result: actions.ReplayResult
