@@ -10,8 +10,9 @@ read through named blocks; ``tests/unit/test_ledger_door.py`` fails on a write r
 anywhere else.
 
 This module is the package's vocabulary (``service.ledger.model``, re-exported: the
-states, the rows a transition reads and writes, the connection types). Each concern is a
-module of its own, which callers import by name (``from service.ledger import sending``):
+states, the rows a transition reads and writes, the connection types; the helpers the
+modules share stay in ``model``). Each concern is a module of its own, which callers
+import by name (``from service.ledger import sending``):
 
 * ``admission``: due reminders locked, their owed occurrences inserted, their schedules
   advanced (one transaction per batch)
@@ -50,8 +51,6 @@ from service.ledger.model import (
     Unclaimable,
     operator_dead_error,
     outbox_key,
-    retry_on_conflict,
-    send_facts,
 )
 
 __all__ = [
@@ -68,6 +67,4 @@ __all__ = [
     "Unclaimable",
     "operator_dead_error",
     "outbox_key",
-    "retry_on_conflict",
-    "send_facts",
 ]
