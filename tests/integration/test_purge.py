@@ -137,6 +137,10 @@ async def test_the_report_and_deliveries_show_still_say_who_did_not_get_it_and_w
     text = await _text(settings, "deliveries", "show", str(dead))
     assert "content          purged " in text and "reply: (purged)" in text
 
+    gone = await rs.relay(settings, "deliveries", "show", str(seeded.deliveries["a_delivered"]))
+    assert gone.code == 1
+    assert "no delivery with id" in gone.stderr and "were purged by retention" in gone.stderr
+
     runs = await _json(settings, "runs", "list", "--all-runs")
     (listed,) = [r for r in runs["runs"] if r["run_id"] == seeded.runs["a"]]
     assert (listed["owed"], listed["delivered"], listed["rows_purged"]) == (5, 1, 3)
