@@ -13,6 +13,7 @@ import asyncpg
 
 from service import retention
 from service.settings import Settings
+from tests.support import console as cs
 from tests.support import relay as rs
 from tests.support import retention as history
 
@@ -293,3 +294,24 @@ async def test_a_setting_out_of_order_or_a_bad_batch_size_is_exit_2_naming_it(
     )
     bad = await rs.relay(settings, "purge", "--batch-size", "0")
     assert bad.code == 2 and "--batch-size: must be between 1 and 100000" in bad.stderr
+
+
+async def test_the_console_says_what_was_purged_too(settings: Settings, pool: asyncpg.Pool) -> None:
+    seeded = await history.seed(pool)
+    await _purge(settings)
+    dead, run_a = seeded.deliveries["a_dead"], seeded.runs["a"]
+    async with cs.console(settings) as c:
+        async with cs.client(headers=cs.bearer("ops-bot")) as http:
+            async with http.get(f"{c.url}/api/v1/deliveries/{dead}") as answer:
+                story = await answer.json()
+            assert story["content_purged_at"] is not None
+            assert [a["response_excerpt"] for a in story["attempt_list"]] == [None]
+            async with http.get(f"{c.url}/api/v1/runs") as answer:
+                (run,) = [r for r in (await answer.json())["runs"] if r["run_id"] == run_a]
+            assert run["states"] == {"delivered": 1, "skipped": 1, "dead": 2, "retrying": 1}
+            assert (run["content_purged"], run["rows_purged"]) == (1, 3)
+        async with cs.client() as http:
+            await cs.log_in(http, c.url)
+            async with http.get(f"{c.url}/deliveries/{dead}") as page:
+                text = await page.text()
+            assert 'id="delivery-content-purged"' in text and "(retention)" in text
