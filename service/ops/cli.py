@@ -168,7 +168,10 @@ def _add_publish_and_rescue(sub: Subcommands) -> None:
     pub.add_argument(
         "--scheduled-at",
         default=None,
-        help="intended fire time (ISO 8601) for scheduler-lag accounting; default: this minute",
+        help=(
+            "intended fire time (ISO 8601) for scheduler-lag accounting; default: the oldest"
+            " due reminder's time when one is overdue, else now"
+        ),
     )
     _command(sub, "rescue", "republish rows whose message was lost", "relay rescue")
 
