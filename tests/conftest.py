@@ -143,6 +143,11 @@ def db_name(template_db: str, finished_databases: None) -> Iterator[str]:
     name = f"relay_t_{uuid.uuid4().hex[:12]}"
     asyncio.run(_admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
     yield name
+    # Its connections go now (the drop comes later): a straggler must not hold one of the
+    # server's 100 connections, or write, while the next tests run.
+    asyncio.run(
+        _admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+    )
     _finished_databases.append(name)
     if len(_finished_databases) >= _DROP_BATCH:
         _drop_finished()
