@@ -9,7 +9,7 @@ changes, a delivery in flight refuses it, and the audit row holds a keyed hash o
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -158,20 +158,29 @@ async def _check_email_erasure(pool: asyncpg.Pool, done: dict[str, Any], ref: st
 
 
 async def _not_revived(s: Settings, pool: asyncpg.Pool, p: Providers) -> None:
-    """The same file loaded again does not bring Ann back; a consumer finds her queued
-    delivery erased and sends nothing; a dead-letter replay never reopens her rows."""
+    """The same file loaded again does not bring Ann back, nor do cancel or backfill; a
+    consumer takes her queued message, finds the row erased and sends nothing; a
+    dead-letter replay never reopens her rows."""
     file = Path(s.state_dir) / "again.jsonl"  # type: ignore[arg-type]
     again = [es.email("ann-report", ANN_STORED, "again"), es.email("cy", "cy@example.com", "hi")]
     file.write_text("\n".join(again) + "\n")
     out = await es.ok(s, "reminders", "load", str(file))
     assert "1 lines name erased reminders (relay erase): not loaded" in out, out
-    assert await pool.fetchval("SELECT destination FROM reminders WHERE id = 'ann-report'") == (
-        "erased"
-    )
+    assert (await rs.relay(s, "reminders", "cancel", "ann-report")).code == 1
+    since = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    backfill = await rs.relay(s, "backfill", "--reminder", "ann-report", "--from", since)
+    assert backfill.code == 2 and "no reminder" in backfill.stderr
+    ann = "SELECT destination || inactive_reason FROM reminders WHERE id = 'ann-report'"
+    assert await pool.fetchval(ann) == "erasederased"
     await es.ok(s, "publish")
-    async with rs.consumer_in_process(s):
-        open_rows = "SELECT count(*) FROM deliveries WHERE state IN ('pending', 'queued')"
-        await es.until(pool, open_rows, 0, "nothing pending or queued")
+    async with rs.consumer_in_process(s) as consumer:
+
+        async def settled() -> bool:
+            taken = consumer.metric("relay.delivery.duplicates", state="skipped") == 1
+            cy = "SELECT state::text FROM deliveries WHERE reminder_id = 'cy'"
+            return taken and await pool.fetchval(cy) in ("accepted", "delivered")
+
+        await rs.wait_for(settled, 60, "Ann's message taken (erased), Cy's sent")
         await p.email.wait_idle()
     # As if her queued delivery had died before the erasure: a replay leaves it dead.
     await pool.execute(
