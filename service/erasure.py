@@ -111,7 +111,7 @@ def checked(text: str | None, what: str, limit: int, pattern: str, *, required: 
     naming the recipient (the record must not hold it). Refused otherwise."""
     value = (text or "").strip()
     if required and not value:
-        raise Refused(f"{what}: say why (recorded with the erasure; a ticket number will do)")
+        raise Refused(f"{what}: needed (recorded with the erasure; for a reason, a ticket)")
     if len(value) > limit:
         raise Refused(f"{what}: at most {limit} characters")
     if value and re.search(pattern, value, re.IGNORECASE):
