@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 import uvloop
 
 from service import errors, logs, settings
-from service.ops import cli_events, cli_operators, cli_receipts
+from service.ops import cli_erase, cli_events, cli_operators, cli_receipts
 from service.ops.console import cli_args as console_args
 
 _log = logs.get("cli")
@@ -59,6 +59,7 @@ HANDLERS = {
     **cli_operators.HANDLERS,
     **cli_receipts.HANDLERS,
     **cli_events.HANDLERS,
+    **cli_erase.HANDLERS,
     **console_args.HANDLERS,
 }
 
@@ -94,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="relay",
         description="Deliver scheduled reminders: one logical event per delivery, none lost.",
         epilog="exit codes: 0 ok, 1 incomplete (or a bug: the message says so), "
-        "2 bad setting, argument or input (nothing done), 3 database or broker unavailable. "
-        + _SETTINGS_NOTE,
+        "2 bad setting, argument or input (nothing done), 3 database or broker unavailable, "
+        "4 refused while deliveries are in flight (erase; nothing done). " + _SETTINGS_NOTE,
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partner_and_demo(sub)
     console_args.add(sub, _command)
     cli_receipts.add(sub, _command)
+    cli_erase.add(sub, _command)
     return parser
 
 
