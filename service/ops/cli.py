@@ -94,9 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="relay",
         description="Deliver scheduled reminders: one logical event per delivery, none lost.",
-        epilog="exit codes: 0 ok, 1 incomplete (or a bug: the message says so), "
+        epilog="exit codes: 0 ok, 1 incomplete (rows left for the next run), "
         "2 bad setting, argument or input (nothing done), 3 database or broker unavailable, "
-        "4 refused while deliveries are in flight (erase; nothing done). " + _SETTINGS_NOTE,
+        "4 refused while deliveries are in flight (erase; nothing done), "
+        "70 a bug (an unexpected exception; the message says so). " + _SETTINGS_NOTE,
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
