@@ -61,7 +61,8 @@ def _schedule(row: asyncpg.Record) -> str | None:
 _ROW_FIELDS = (
     "id idempotency_key source channel provider state occurrence_at urgent attempts replays "
     "next_attempt_at last_status last_error receipt skip_reason run_id created_at "
-    "published_at first_attempt_at finished_at dead_lettered_at settled_at content_purged_at"
+    "published_at first_attempt_at finished_at dead_lettered_at settled_at rescued_at "
+    "republished_at republishes content_purged_at"
 ).split()
 
 

@@ -315,3 +315,30 @@ async def test_the_console_says_what_was_purged_too(settings: Settings, pool: as
             async with http.get(f"{c.url}/deliveries/{dead}") as page:
                 text = await page.text()
             assert 'id="delivery-content-purged"' in text and "(retention)" in text
+
+
+async def test_an_erasure_after_a_purge_leaves_what_retention_emptied_empty(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    seeded = await history.seed(pool)
+    await _purge(settings)
+    erased = await rs.relay(
+        settings,
+        "erase",
+        "--recipient",
+        history.HOOK + "o_webhook_40",
+        "--reason",
+        "partner asked",
+        "--apply",
+        ALLOW_NETWORKS="127.0.0.0/8",
+    )
+    assert erased.code == 0, erased.stderr
+    row = await pool.fetchrow(
+        "SELECT destination, payload, content_purged_at, erased_at FROM deliveries WHERE id = $1",
+        seeded.deliveries["o_webhook_40"],
+    )
+    assert row is not None
+    assert (row["destination"], row["payload"]) == ("erased", None)
+    assert row["content_purged_at"] is not None and row["erased_at"] is not None
+    # And a purge after the erasure goes on as before.
+    assert _nonzero((await _purge(settings))["rows"]) == history.EXPECTED[1]["rows"]
