@@ -5,13 +5,15 @@ policy."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
-from service import retention
+from service import purge, retention
+from service.progress import Progress
 from service.settings import Settings
 from tests.support import console as cs
 from tests.support import relay as rs
@@ -342,3 +344,31 @@ async def test_an_erasure_after_a_purge_leaves_what_retention_emptied_empty(
     assert row["content_purged_at"] is not None and row["erased_at"] is not None
     # And a purge after the erasure goes on as before.
     assert _nonzero((await _purge(settings))["rows"]) == history.EXPECTED[1]["rows"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_the_python_api_purges_as_of_any_instant_and_shows_progress_on_a_terminal(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """What a benchmark calls: ``purge(pool, policy, as_of, batch_size=...)``."""
+    seeded = await history.seed(pool)
+    policy = retention.Policy.from_settings(settings)
+    now = await pool.fetchval("SELECT now()")
+    screen = _Terminal()
+    first = await purge.purge(
+        pool, policy, now, batch_size=3, progress=Progress("purge", screen, every_seconds=0)
+    )
+    assert _nonzero(first.content) == history.EXPECTED[0]["content"]
+    assert "\rpurge: " in screen.getvalue() and screen.getvalue().endswith("\r\x1b[K")
+    # A thousand days on, every final row has gone but a suppression's evidence; open ones stay.
+    later = await purge.purge(pool, policy, now + timedelta(days=1000), batch_size=3)
+    assert later.status == "ok"
+    kept = {r["id"] for r in await pool.fetch("SELECT id FROM deliveries")}
+    assert kept == {seeded.deliveries[label] for label in (*history.OPEN, "o_email_suppressed_100")}
+    # Runs a and d keep their open rows (a_retrying, d_pending), so they stay.
+    runs = {r["id"] for r in await pool.fetch("SELECT id FROM publish_runs")}
+    assert runs == {seeded.runs["a"], seeded.runs["d"]}
