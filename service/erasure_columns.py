@@ -163,5 +163,14 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("erasures", "operator", N, _OPERATOR + "; refused when it names the recipient"),
     Column("erasures", "counts", N, "table -> what changed -> rows"),
     Column("erasures", "channel", N, _CODE),
+    # retention's own records (0018): counts and the policy, never a row's content
+    Column("publish_runs", "purged_counts", N, "'channel/state/skip reason' -> rows purged"),
+    Column("purge_runs", "policy", N, "the retention periods in days"),
+    Column("purge_runs", "counts", N, "'table/kind' -> rows purged"),
+    Column("purge_runs", "status", N, _CODE),
+    Column("purge_runs", "host", N, "the host that ran the purge"),
+    Column("purge_runs", "error", N, "an exception's class name (the code's, never a message)"),
+    Column("purge_totals", "table_name", N, "a table of this schema"),
+    Column("purge_totals", "kind", N, _CODE),
     Column("schema_migrations", "version", N, "a migration file's name"),
 )
