@@ -187,11 +187,20 @@ def policy(settings: Settings) -> retry.RetryPolicy:
     )
 
 
-def _store(
+def budgets_for(settings: Settings, pool: asyncpg.Pool) -> budget.Budgets:
+    """The providers' rate budgets (``setup()`` writes them; ``close()`` stops refills)."""
+    return budget.Budgets(
+        pool,
+        budget.parse_budgets(settings.budgets),
+        urgent_reserve_fraction=settings.budget_urgent_reserve,
+    )
+
+
+def store_for(
     settings: Settings, pool: asyncpg.Pool, watch: DatabaseWatch, stopping: asyncio.Event
 ) -> store.Store:
-    """The consumer's ledger store, started."""
-    ledger_store = store.Store(
+    """The consumer's ledger store, not started (``start()``, then ``close()``)."""
+    return store.Store(
         pool,
         watch,
         lease_seconds=settings.lease_seconds,
@@ -200,8 +209,6 @@ def _store(
         concurrency=max(1, min(2, settings.database_pool_size - 2)),
         stopping=stopping,
     )
-    ledger_store.start()
-    return ledger_store
 
 
 def _gate(settings: Settings, budgets: budget.Budgets, metrics: Metrics) -> gate.Gate:
@@ -215,28 +222,22 @@ def _gate(settings: Settings, budgets: budget.Budgets, metrics: Metrics) -> gate
     )
 
 
-async def worker_for(
+def worker_for(
     settings: Settings,
-    pool: asyncpg.Pool,
-    watch: DatabaseWatch,
+    ledger_store: store.Store,
+    budgets: budget.Budgets,
     publisher: amqp.ConfirmedPublisher,
     adapters: Mapping[str, Channel],
     metrics: Metrics,
     tracer: trace.Tracer | None,
     acks: GroupedAcks,
+    stopping: asyncio.Event,
     *,
     on_broker_failure: Callable[[], None],
 ) -> worker.Worker:
-    """The worker with everything it needs: budgets, store, gate, deliverer."""
+    """The worker and its deliverer over a started store and set-up budgets (it opens
+    nothing itself: the session opened those and closes them)."""
     topology = amqp.Topology.from_settings(settings)
-    budgets = budget.Budgets(
-        pool,
-        budget.parse_budgets(settings.budgets),
-        urgent_reserve_fraction=settings.budget_urgent_reserve,
-    )
-    await budgets.setup()  # every replica writes the same configured budgets
-    stopping = asyncio.Event()
-    ledger_store = _store(settings, pool, watch, stopping)
     crash = CrashPoints(settings.crash_at)
     deliverer = delivery.Deliverer(
         store=ledger_store,

@@ -10,10 +10,11 @@ Each message runs in a task this worker owns (``accept``), not in aiormq's, whic
 cancels when the channel closes (cutting a request on the wire). So a lost channel ends
 a session through the shutdown SIGTERM takes: work in flight finishes and is recorded.
 
-Shutdown (``stop_intake`` then ``drain`` then ``close``): no new claims; claims whose
-request cannot finish within the grace period are released without an attempt and
-their messages handed back; requests already on the wire are awaited. A broker alarm
-``pause``s intake: new messages wait unclaimed until ``resume``.
+Shutdown (``stop_intake`` then ``drain`` then ``close``; the session closes the store
+after it): no new claims; claims whose request cannot finish within the grace period are
+released without an attempt and their messages handed back; requests already on the wire
+are awaited. A broker alarm ``pause``s intake: new messages wait unclaimed until
+``resume``.
 """
 
 from __future__ import annotations
@@ -154,14 +155,13 @@ class Worker:
         return not self._in_flight
 
     async def close(self, timeout_seconds: float) -> None:
-        """Cancel what is still running (its messages return to the broker), then stop
-        the grouped writers: both within ``timeout_seconds``."""
+        """Cancel what is still running (its messages return to the broker), waiting for
+        it at most ``timeout_seconds``. The store it writes through is closed after it."""
         self._closed = True
         for task in list(self._in_flight):
             task.cancel()
         if self._in_flight:
-            await asyncio.wait(set(self._in_flight), timeout=timeout_seconds / 2)
-        await self._store.close(timeout_seconds / 2)
+            await asyncio.wait(set(self._in_flight), timeout=timeout_seconds)
 
     # ------------------------------------------------------------------ one message
 
