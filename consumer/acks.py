@@ -8,9 +8,10 @@ message still being worked (a slow receiver, a budget wait) holds back the run b
 so settled messages past it are acknowledged one by one instead: the prefetch window
 never waits on a slow neighbour.
 
-Only what the worker has decided is acknowledged, and only after the outcome is
-durable, exactly as before: grouping changes how many frames carry the acks, not when a
-message may be acked. Nacks and anything else go through the message itself.
+Only what the worker has decided (settled by ``consumer/settle.py``) is acknowledged, and
+only after the outcome is durable, exactly as before: grouping changes how many frames
+carry the acks, not when a message may be acked. Nacks and anything else go through the
+message itself.
 """
 
 from __future__ import annotations

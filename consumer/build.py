@@ -25,6 +25,7 @@ from consumer import (
     reconcile,
     registry,
     retry,
+    settle,
     store,
     worker,
 )
@@ -257,19 +258,24 @@ def worker_for(
             hold_seconds=settings.reconcile_hold_seconds,
         ),
     )
+    settler = settle.Settler(
+        publisher=publisher,
+        mark_dead_lettered=ledger_store.mark_dead_lettered,
+        on_broker_failure=on_broker_failure,
+        acks=acks,
+        crash=crash,
+    )
     return worker.Worker(
         store=ledger_store,
         deliverer=deliverer,
-        publisher=publisher,
+        settler=settler,
         config=worker.WorkerConfig(
             send_timeout_seconds=settings.http_timeout_seconds,
             lane_queues={lane: topology.lane_queue(lane) for lane in (amqp.BULK, amqp.URGENT)},
         ),
         metrics=metrics,
         stopping=stopping,
-        on_broker_failure=on_broker_failure,
         acks=acks,
-        crash=crash,
         tracer=tracer,
     )
 
