@@ -32,7 +32,7 @@ from consumer import (
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
-from service import amqp, brokers, destinations, errors, netpolicy
+from service import amqp, brokers, destinations, errors, netpolicy, publishing
 from service.clock import SystemClock
 from service.crashpoints import CrashPoints
 from service.settings import Settings
@@ -227,7 +227,7 @@ def worker_for(
     settings: Settings,
     ledger_store: store.Store,
     budgets: budget.Budgets,
-    publisher: amqp.ConfirmedPublisher,
+    publisher: publishing.ConfirmedPublisher,
     adapters: Mapping[str, Channel],
     metrics: Metrics,
     tracer: trace.Tracer | None,
@@ -284,7 +284,7 @@ def overdue_sweep(
     settings: Settings,
     pool: asyncpg.Pool,
     connection: AbstractConnection,
-    publisher: amqp.ConfirmedPublisher,
+    publisher: publishing.ConfirmedPublisher,
     metrics: Metrics,
 ) -> Coroutine[Any, Any, None] | None:
     """The overdue sweep's loop for one broker session; None when it is turned off."""

@@ -37,7 +37,7 @@ from consumer import build, incoming, probes, reconnect, sampler, worker
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
-from service import alarms, amqp, errors, logs
+from service import alarms, amqp, errors, logs, publishing
 from service.settings import Settings
 from service.telemetry import Metrics
 
@@ -123,7 +123,7 @@ class _Opened:
     """A session's parts, each already on its exit stack."""
 
     connection: AbstractConnection
-    publisher: amqp.ConfirmedPublisher
+    publisher: publishing.ConfirmedPublisher
     watch: DatabaseWatch
     consume_channel: AbstractChannel
     underlay: aiormq.abc.AbstractChannel
@@ -268,9 +268,9 @@ async def _cancel_task(task: asyncio.Task[Any]) -> None:
 
 async def _open_broker(
     stack: contextlib.AsyncExitStack, settings: Settings, failure: Failure, closing: Closing
-) -> tuple[AbstractConnection, amqp.ConfirmedPublisher]:
+) -> tuple[AbstractConnection, publishing.ConfirmedPublisher]:
     """Connect, declare the topology, open the publisher; their loss is a failure."""
-    connection, publisher = await amqp.open_publisher(settings, "relay-consume")
+    connection, publisher = await publishing.open_publisher(settings, "relay-consume")
     stack.push_async_callback(
         closing.within, lambda: amqp.close_connection(connection, closing.seconds())
     )

@@ -17,7 +17,7 @@ from typing import Any
 from consumer.acks import GroupedAcks
 from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Leave, Redelay, Requeue
 from consumer.incoming import Incoming
-from service import amqp, errors, logs, telemetry
+from service import amqp, errors, logs, publishing, telemetry
 from service.crashpoints import CrashPoints
 
 log = logs.get("consumer")
@@ -33,7 +33,7 @@ class Settler:
     def __init__(
         self,
         *,
-        publisher: amqp.ConfirmedPublisher,
+        publisher: publishing.ConfirmedPublisher,
         mark_dead_lettered: Callable[[int, int], Awaitable[None]],
         on_broker_failure: Callable[[], None],
         acks: GroupedAcks | None = None,

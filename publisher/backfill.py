@@ -29,7 +29,18 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from service import admission, amqp, control, db, errors, ledger, runs, schedule, schedule_history
+from service import (
+    admission,
+    amqp,
+    control,
+    db,
+    errors,
+    ledger,
+    publishing,
+    runs,
+    schedule,
+    schedule_history,
+)
 from service.admission import NewDelivery
 from service.ledger import State
 from service.progress import Progress
@@ -232,7 +243,7 @@ async def publish(
     connection is closed with the run's other resources (``stack``)."""
     if not summary.ready:
         return
-    connection, publisher = await amqp.open_publisher(settings, "relay-backfill")
+    connection, publisher = await publishing.open_publisher(settings, "relay-backfill")
     stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
     now = await pool.fetchval(db.q("db_now"))
     items = [(i, urgent, (at - now).total_seconds()) for i, urgent, at in summary.ready]

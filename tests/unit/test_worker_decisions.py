@@ -31,7 +31,7 @@ from consumer.dispositions import (
 )
 from consumer.incoming import Incoming
 from consumer.settle import Settler
-from service import amqp, ledger
+from service import amqp, ledger, publishing
 from service.ledger import State, Unclaimable
 from service.settings import Settings
 
@@ -138,7 +138,7 @@ class Settled:
     def __init__(self, channel: FakeChannel) -> None:
         self.broker_failures = 0
         self.acks = GroupedAcks(channel.basic_ack)
-        publisher = amqp.ConfirmedPublisher(
+        publisher = publishing.ConfirmedPublisher(
             channel,  # type: ignore[arg-type]
             TOPOLOGY,
             max_in_flight=10,

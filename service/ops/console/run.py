@@ -31,6 +31,7 @@ from service import (
     errors,
     ledger,
     logs,
+    publishing,
     signals,
     telemetry,
 )
@@ -46,7 +47,7 @@ _CLOSE_SECONDS = 5.0
 
 def make_replay(
     pool: asyncpg.Pool,
-    publisher: amqp.ConfirmedPublisher,
+    publisher: publishing.ConfirmedPublisher,
     connection: AbstractConnection,
     topology: amqp.Topology,
     metrics: telemetry.Metrics,
@@ -142,7 +143,7 @@ async def serving(
             open_reads=settings.console_open_reads,
             proxy_hops=settings.console_proxy_hops,
         )
-        connection, publisher = await amqp.open_publisher(settings, "relay-console")
+        connection, publisher = await publishing.open_publisher(settings, "relay-console")
         stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
         topology = amqp.Topology.from_settings(settings)
         replay = make_replay(pool, publisher, connection, topology, telem.metrics)
