@@ -45,60 +45,69 @@ def channels(settings: Settings) -> dict[str, Channel]:
     A bad channel setting raises ConfigError naming the RELAY_* variable (never a
     secret's value).
     """
-    from consumer.channels import email, sms, webhook
-
     try:
         allow_networks = tuple(netpolicy.parse_networks(settings.allow_networks))
     except ValueError as exc:
         raise errors.ConfigError(f"RELAY_ALLOW_NETWORKS: {exc}") from None
     with _naming(_WEBHOOK_SETTINGS, "the webhook channel"):
-        channels: dict[str, Channel] = {
-            "webhook": webhook.WebhookChannel(
-                webhook.WebhookConfig(
-                    timeout_seconds=settings.http_timeout_seconds,
-                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
-                    signing_secrets=tuple(
-                        s.get_secret_value() for s in settings.webhook_signing_secrets
-                    ),
-                    allow_networks=allow_networks,
-                    # Requests never queue inside the HTTP client: isolation caps each
-                    # destination first, so the client's limits match it.
-                    connection_limit=settings.prefetch,
-                    connection_limit_per_host=destination_share(settings),
-                )
-            )
-        }
+        channels: dict[str, Channel] = {"webhook": _webhook(settings, allow_networks)}
     if settings.email_api_key.get_secret_value():
         with _naming(_EMAIL_SETTINGS, "the e-mail channel is on: RELAY_EMAIL_API_KEY is set"):
-            channels["email"] = email.EmailChannel(
-                email.EmailConfig(
-                    api_key=settings.email_api_key,
-                    sender=settings.email_sender,
-                    base_url=settings.email_api_base_url,
-                    timeout_seconds=settings.http_timeout_seconds,
-                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
-                )
-            )
+            channels["email"] = _email(settings)
     if settings.sms_account_sid:
         with _naming(_SMS_SETTINGS, "the SMS channel is on: RELAY_SMS_ACCOUNT_SID is set"):
-            channels["sms"] = sms.SmsChannel(
-                sms.SmsConfig(
-                    account_sid=settings.sms_account_sid,
-                    auth_token=settings.sms_auth_token,
-                    from_number=settings.sms_from_number or None,
-                    messaging_service_sid=settings.sms_messaging_service_sid or None,
-                    base_url=settings.sms_api_base_url,
-                    timeout_seconds=settings.http_timeout_seconds,
-                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
-                    # each message asks for its status callbacks at `relay receipts`
-                    status_callback_url=(
-                        f"{settings.receipts_public_url}/receipts/sms"
-                        if settings.receipts_public_url
-                        else None
-                    ),
-                )
-            )
+            channels["sms"] = _sms(settings)
     return channels
+
+
+def _webhook(settings: Settings, allow_networks: tuple[netpolicy.IPNetwork, ...]) -> Channel:
+    from consumer.channels import webhook
+
+    return webhook.WebhookChannel(
+        webhook.WebhookConfig(
+            timeout_seconds=settings.http_timeout_seconds,
+            connect_timeout_seconds=settings.http_connect_timeout_seconds,
+            signing_secrets=tuple(s.get_secret_value() for s in settings.webhook_signing_secrets),
+            allow_networks=allow_networks,
+            # Requests never queue inside the HTTP client: isolation caps each
+            # destination first, so the client's limits match it.
+            connection_limit=settings.prefetch,
+            connection_limit_per_host=destination_share(settings),
+        )
+    )
+
+
+def _email(settings: Settings) -> Channel:
+    from consumer.channels import email
+
+    return email.EmailChannel(
+        email.EmailConfig(
+            api_key=settings.email_api_key,
+            sender=settings.email_sender,
+            base_url=settings.email_api_base_url,
+            timeout_seconds=settings.http_timeout_seconds,
+            connect_timeout_seconds=settings.http_connect_timeout_seconds,
+        )
+    )
+
+
+def _sms(settings: Settings) -> Channel:
+    from consumer.channels import sms
+
+    # each message asks for its status callbacks at `relay receipts`
+    callbacks = settings.receipts_public_url
+    return sms.SmsChannel(
+        sms.SmsConfig(
+            account_sid=settings.sms_account_sid,
+            auth_token=settings.sms_auth_token,
+            from_number=settings.sms_from_number or None,
+            messaging_service_sid=settings.sms_messaging_service_sid or None,
+            base_url=settings.sms_api_base_url,
+            timeout_seconds=settings.http_timeout_seconds,
+            connect_timeout_seconds=settings.http_connect_timeout_seconds,
+            status_callback_url=f"{callbacks}/receipts/sms" if callbacks else None,
+        )
+    )
 
 
 # An adapter config's field -> the setting it comes from, so an adapter's ValueError
