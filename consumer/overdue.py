@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import aiormq
 import asyncpg
 
-from service import amqp, logs, recovery
+from service import logs, publishing, recovery
 from service.telemetry import Metrics
 
 log = logs.get("consumer")
@@ -40,7 +40,7 @@ class OverdueSweep:
     """One consumer's sweep; ``count_waiting`` counts the messages ready in the queues."""
 
     pool: asyncpg.Pool
-    publisher: amqp.ConfirmedPublisher
+    publisher: publishing.ConfirmedPublisher
     count_waiting: Callable[[], Awaitable[int]]
     metrics: Metrics
     after_seconds: float

@@ -36,6 +36,7 @@ from service import (
     db,
     errors,
     ledger,
+    publishing,
     retention,
     runs,
     schedule,
@@ -240,18 +241,22 @@ async def _finish(pool: asyncpg.Pool, summary: BackfillSummary) -> None:
     )
 
 
-async def publish(settings: Settings, pool: asyncpg.Pool, summary: BackfillSummary) -> None:
-    """Publish the admitted rows now (through the timer when not due yet)."""
+async def publish(
+    stack: contextlib.AsyncExitStack,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    summary: BackfillSummary,
+) -> None:
+    """Publish the admitted rows now (through the timer when not due yet); the broker
+    connection is closed with the run's other resources (``stack``)."""
     if not summary.ready:
         return
-    connection, publisher = await amqp.open_publisher(settings, "relay-backfill")
-    try:
-        now = await pool.fetchval(db.q("db_now"))
-        items = [(i, urgent, (at - now).total_seconds()) for i, urgent, at in summary.ready]
-        confirmed, failed = await publisher.publish_many(items)
-        await ledger.mark_queued(pool, confirmed)
-    finally:
-        await amqp.close_connection(connection, _CLOSE_SECONDS)
+    connection, publisher = await publishing.open_publisher(settings, "relay-backfill")
+    stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
+    now = await pool.fetchval(db.q("db_now"))
+    items = [(i, urgent, (at - now).total_seconds()) for i, urgent, at in summary.ready]
+    confirmed, failed = await publisher.publish_many(items)
+    await ledger.mark_queued(pool, confirmed)
     summary.published, summary.failed = len(confirmed), len(failed)
 
 
@@ -270,7 +275,7 @@ async def run(
         stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
         summary = await admit(pool, reminder_id, start, end, apply=apply)
         if apply and publish_now:
-            await publish(settings, pool, summary)
+            await publish(stack, settings, pool, summary)
             assert summary.run_id is not None
             await runs.record_published(pool, summary.run_id, summary.published, summary.failed)
         return summary

@@ -19,7 +19,7 @@ import asyncpg
 
 from service import db, destinations, edits, errors, ledger, netpolicy, runs, schedule
 from service.ops import partner as partner_mod
-from service.ops import reminders
+from service.ops import reminder_lines, reminders
 from service.ops import status as status_mod
 from service.settings import Settings
 
@@ -57,7 +57,7 @@ async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
     tally = edits.Tally()  # what the load's schedule changes skipped, for the summary
     try:
         async with _pool(settings) as pool:
-            lines = reminders.read_lines(source)
+            lines = reminder_lines.read_lines(source)
             registration = destinations.Registration.of(
                 settings.destinations_registered_only, settings.destination_secrets_keys
             )

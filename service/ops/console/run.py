@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,8 @@ from service import (
     errors,
     ledger,
     logs,
+    publishing,
+    signals,
     telemetry,
 )
 from service.clock import Clock, SystemClock
@@ -46,7 +47,7 @@ _CLOSE_SECONDS = 5.0
 
 def make_replay(
     pool: asyncpg.Pool,
-    publisher: amqp.ConfirmedPublisher,
+    publisher: publishing.ConfirmedPublisher,
     connection: AbstractConnection,
     topology: amqp.Topology,
     metrics: telemetry.Metrics,
@@ -142,7 +143,7 @@ async def serving(
             open_reads=settings.console_open_reads,
             proxy_hops=settings.console_proxy_hops,
         )
-        connection, publisher = await amqp.open_publisher(settings, "relay-console")
+        connection, publisher = await publishing.open_publisher(settings, "relay-console")
         stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
         topology = amqp.Topology.from_settings(settings)
         replay = make_replay(pool, publisher, connection, topology, telem.metrics)
@@ -190,17 +191,11 @@ def _port(runner: web.AppRunner) -> int:
 async def main(args: argparse.Namespace, settings: Settings) -> int:
     """``relay console``: serve until SIGTERM or SIGINT."""
     known = load_operators(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    async with serving(settings, known) as (_, port):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:  # one exit path, in reverse order
+        _, port = await stack.enter_async_context(serving(settings, known))
+        stop = stack.enter_context(signals.stopping_on_signals(asyncio.Event()))
         url = f"http://{settings.console_host}:{port}/"
         print(f"relay console: {url} (log in with your name and your token)", flush=True)
         log.info("console listening", extra={"event": "console_listening", "port": port})
-        try:
-            await stop.wait()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+        await stop.wait()
     return errors.ExitCode.OK
