@@ -8,9 +8,10 @@ message still being worked (a slow receiver, a budget wait) holds back the run b
 so settled messages past it are acknowledged one by one instead: the prefetch window
 never waits on a slow neighbour.
 
-Only what ``Worker.handle`` has decided is acknowledged, and only after the outcome is
-durable, exactly as before: grouping changes how many frames carry the acks, not when a
-message may be acked. Nacks and anything else go through the message itself.
+Only what the worker has decided (settled by ``consumer/settle.py``) is acknowledged, and
+only after the outcome is durable, exactly as before: grouping changes how many frames
+carry the acks, not when a message may be acked. Nacks and anything else go through the
+message itself.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class GroupedAcks:
         self._settled.append(tag)
         if self._flush is None or self._flush.done():
             self._flush = asyncio.get_running_loop().create_task(self._send_settled())
+
+    async def close(self) -> None:
+        """Wait for the acks already settled to go out (the session closes the channel
+        next); a failed send was logged, and the broker redelivers those messages."""
+        if self._flush is not None:
+            await asyncio.gather(self._flush, return_exceptions=True)
 
     def _lowest_open(self) -> int | None:
         while self._open and self._open[0] in self._gone:

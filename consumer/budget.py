@@ -277,6 +277,13 @@ class Budgets:
         except TimeoutError:
             return None
 
+    async def close(self) -> None:
+        """Stop every refill task (the session is ending: nobody waits for a token)."""
+        refillers = [s.refiller for s in self._providers.values() if s.refiller is not None]
+        for task in refillers:
+            task.cancel()
+        await asyncio.gather(*refillers, return_exceptions=True)
+
     async def pause(self, provider: str, seconds: float) -> None:
         """A throttle answer: stop every replica's sends to this provider for ``seconds``."""
         state = await self._state(provider)

@@ -25,13 +25,14 @@ from consumer import (
     reconcile,
     registry,
     retry,
+    settle,
     store,
     worker,
 )
 from consumer.acks import GroupedAcks
 from consumer.channels.base import Channel
 from consumer.outage import DatabaseWatch
-from service import amqp, brokers, destinations, errors, netpolicy
+from service import amqp, brokers, destinations, errors, netpolicy, publishing
 from service.clock import SystemClock
 from service.crashpoints import CrashPoints
 from service.settings import Settings
@@ -44,60 +45,69 @@ def channels(settings: Settings) -> dict[str, Channel]:
     A bad channel setting raises ConfigError naming the RELAY_* variable (never a
     secret's value).
     """
-    from consumer.channels import email, sms, webhook
-
     try:
         allow_networks = tuple(netpolicy.parse_networks(settings.allow_networks))
     except ValueError as exc:
         raise errors.ConfigError(f"RELAY_ALLOW_NETWORKS: {exc}") from None
     with _naming(_WEBHOOK_SETTINGS, "the webhook channel"):
-        channels: dict[str, Channel] = {
-            "webhook": webhook.WebhookChannel(
-                webhook.WebhookConfig(
-                    timeout_seconds=settings.http_timeout_seconds,
-                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
-                    signing_secrets=tuple(
-                        s.get_secret_value() for s in settings.webhook_signing_secrets
-                    ),
-                    allow_networks=allow_networks,
-                    # Requests never queue inside the HTTP client: isolation caps each
-                    # destination first, so the client's limits match it.
-                    connection_limit=settings.prefetch,
-                    connection_limit_per_host=destination_share(settings),
-                )
-            )
-        }
+        channels: dict[str, Channel] = {"webhook": _webhook(settings, allow_networks)}
     if settings.email_api_key.get_secret_value():
         with _naming(_EMAIL_SETTINGS, "the e-mail channel is on: RELAY_EMAIL_API_KEY is set"):
-            channels["email"] = email.EmailChannel(
-                email.EmailConfig(
-                    api_key=settings.email_api_key,
-                    sender=settings.email_sender,
-                    base_url=settings.email_api_base_url,
-                    timeout_seconds=settings.http_timeout_seconds,
-                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
-                )
-            )
+            channels["email"] = _email(settings)
     if settings.sms_account_sid:
         with _naming(_SMS_SETTINGS, "the SMS channel is on: RELAY_SMS_ACCOUNT_SID is set"):
-            channels["sms"] = sms.SmsChannel(
-                sms.SmsConfig(
-                    account_sid=settings.sms_account_sid,
-                    auth_token=settings.sms_auth_token,
-                    from_number=settings.sms_from_number or None,
-                    messaging_service_sid=settings.sms_messaging_service_sid or None,
-                    base_url=settings.sms_api_base_url,
-                    timeout_seconds=settings.http_timeout_seconds,
-                    connect_timeout_seconds=settings.http_connect_timeout_seconds,
-                    # each message asks for its status callbacks at `relay receipts`
-                    status_callback_url=(
-                        f"{settings.receipts_public_url}/receipts/sms"
-                        if settings.receipts_public_url
-                        else None
-                    ),
-                )
-            )
+            channels["sms"] = _sms(settings)
     return channels
+
+
+def _webhook(settings: Settings, allow_networks: tuple[netpolicy.IPNetwork, ...]) -> Channel:
+    from consumer.channels import webhook
+
+    return webhook.WebhookChannel(
+        webhook.WebhookConfig(
+            timeout_seconds=settings.http_timeout_seconds,
+            connect_timeout_seconds=settings.http_connect_timeout_seconds,
+            signing_secrets=tuple(s.get_secret_value() for s in settings.webhook_signing_secrets),
+            allow_networks=allow_networks,
+            # Requests never queue inside the HTTP client: isolation caps each
+            # destination first, so the client's limits match it.
+            connection_limit=settings.prefetch,
+            connection_limit_per_host=destination_share(settings),
+        )
+    )
+
+
+def _email(settings: Settings) -> Channel:
+    from consumer.channels import email
+
+    return email.EmailChannel(
+        email.EmailConfig(
+            api_key=settings.email_api_key,
+            sender=settings.email_sender,
+            base_url=settings.email_api_base_url,
+            timeout_seconds=settings.http_timeout_seconds,
+            connect_timeout_seconds=settings.http_connect_timeout_seconds,
+        )
+    )
+
+
+def _sms(settings: Settings) -> Channel:
+    from consumer.channels import sms
+
+    # each message asks for its status callbacks at `relay receipts`
+    callbacks = settings.receipts_public_url
+    return sms.SmsChannel(
+        sms.SmsConfig(
+            account_sid=settings.sms_account_sid,
+            auth_token=settings.sms_auth_token,
+            from_number=settings.sms_from_number or None,
+            messaging_service_sid=settings.sms_messaging_service_sid or None,
+            base_url=settings.sms_api_base_url,
+            timeout_seconds=settings.http_timeout_seconds,
+            connect_timeout_seconds=settings.http_connect_timeout_seconds,
+            status_callback_url=f"{callbacks}/receipts/sms" if callbacks else None,
+        )
+    )
 
 
 # An adapter config's field -> the setting it comes from, so an adapter's ValueError
@@ -187,11 +197,20 @@ def policy(settings: Settings) -> retry.RetryPolicy:
     )
 
 
-def _store(
+def budgets_for(settings: Settings, pool: asyncpg.Pool) -> budget.Budgets:
+    """The providers' rate budgets (``setup()`` writes them; ``close()`` stops refills)."""
+    return budget.Budgets(
+        pool,
+        budget.parse_budgets(settings.budgets),
+        urgent_reserve_fraction=settings.budget_urgent_reserve,
+    )
+
+
+def store_for(
     settings: Settings, pool: asyncpg.Pool, watch: DatabaseWatch, stopping: asyncio.Event
 ) -> store.Store:
-    """The consumer's ledger store, started."""
-    ledger_store = store.Store(
+    """The consumer's ledger store, not started (``start()``, then ``close()``)."""
+    return store.Store(
         pool,
         watch,
         lease_seconds=settings.lease_seconds,
@@ -200,8 +219,6 @@ def _store(
         concurrency=max(1, min(2, settings.database_pool_size - 2)),
         stopping=stopping,
     )
-    ledger_store.start()
-    return ledger_store
 
 
 def _gate(settings: Settings, budgets: budget.Budgets, metrics: Metrics) -> gate.Gate:
@@ -215,28 +232,22 @@ def _gate(settings: Settings, budgets: budget.Budgets, metrics: Metrics) -> gate
     )
 
 
-async def worker_for(
+def worker_for(
     settings: Settings,
-    pool: asyncpg.Pool,
-    watch: DatabaseWatch,
-    publisher: amqp.ConfirmedPublisher,
+    ledger_store: store.Store,
+    budgets: budget.Budgets,
+    publisher: publishing.ConfirmedPublisher,
     adapters: Mapping[str, Channel],
     metrics: Metrics,
     tracer: trace.Tracer | None,
     acks: GroupedAcks,
+    stopping: asyncio.Event,
     *,
     on_broker_failure: Callable[[], None],
 ) -> worker.Worker:
-    """The worker with everything it needs: budgets, store, gate, deliverer."""
+    """The worker and its deliverer over a started store and set-up budgets (it opens
+    nothing itself: the session opened those and closes them)."""
     topology = amqp.Topology.from_settings(settings)
-    budgets = budget.Budgets(
-        pool,
-        budget.parse_budgets(settings.budgets),
-        urgent_reserve_fraction=settings.budget_urgent_reserve,
-    )
-    await budgets.setup()  # every replica writes the same configured budgets
-    stopping = asyncio.Event()
-    ledger_store = _store(settings, pool, watch, stopping)
     crash = CrashPoints(settings.crash_at)
     deliverer = delivery.Deliverer(
         store=ledger_store,
@@ -256,19 +267,24 @@ async def worker_for(
             hold_seconds=settings.reconcile_hold_seconds,
         ),
     )
+    settler = settle.Settler(
+        publisher=publisher,
+        mark_dead_lettered=ledger_store.mark_dead_lettered,
+        on_broker_failure=on_broker_failure,
+        acks=acks,
+        crash=crash,
+    )
     return worker.Worker(
         store=ledger_store,
         deliverer=deliverer,
-        publisher=publisher,
+        settler=settler,
         config=worker.WorkerConfig(
             send_timeout_seconds=settings.http_timeout_seconds,
             lane_queues={lane: topology.lane_queue(lane) for lane in (amqp.BULK, amqp.URGENT)},
         ),
         metrics=metrics,
         stopping=stopping,
-        on_broker_failure=on_broker_failure,
         acks=acks,
-        crash=crash,
         tracer=tracer,
     )
 
@@ -277,7 +293,7 @@ def overdue_sweep(
     settings: Settings,
     pool: asyncpg.Pool,
     connection: AbstractConnection,
-    publisher: amqp.ConfirmedPublisher,
+    publisher: publishing.ConfirmedPublisher,
     metrics: Metrics,
 ) -> Coroutine[Any, Any, None] | None:
     """The overdue sweep's loop for one broker session; None when it is turned off."""

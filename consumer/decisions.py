@@ -1,4 +1,5 @@
-"""Pure decisions about one claimed delivery: may it be sent now, and what to write after.
+"""Pure decisions about one delivery: may it be sent now, what to write after its attempt,
+and what becomes of its message (after the attempt, or when its row cannot be claimed).
 
 No I/O and no clock: the worker reads the facts (from the claim, and again right before
 the request) and the time, and these functions say what follows. Every branch is
@@ -11,9 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from consumer.channels.base import Outcome, OutcomeKind
+from consumer.dispositions import Ack, DeadLetter, Disposition, Redelay
 from consumer.retry import Action, Decision
-from service import ledger
-from service.ledger import Claimed, Completion, SendFacts, State
+from service import amqp, ledger
+from service.ledger import Claimed, Completion, SendFacts, State, Unclaimable
 from service.receipt_events import RECEIPT_CHANNELS
 
 
@@ -209,3 +211,50 @@ def after_attempt(
         error=f"{reason}: {outcome.error}" if outcome.error else reason,
         record=record,
     )
+
+
+def message_after(
+    row: Claimed,
+    outcome: Outcome,
+    decision: Decision,
+    completion: Completion,
+    *,
+    written: bool,
+) -> Disposition:
+    """What becomes of the message once its attempt's outcome was written (``written``:
+    False when another claim fenced this one out; that claim's message carries the row).
+    A retry parks it for the policy's delay in the row's lane, a dead row sends it to the
+    dead-letter exchange with why, anything else acks it."""
+    if not written:
+        return Ack()
+    if decision.action is Action.RETRY:
+        assert decision.delay_seconds is not None
+        return Redelay(amqp.lane_of(row.urgent), decision.delay_seconds)
+    if decision.action is Action.DEAD:
+        return DeadLetter(
+            completion.error or "dead",
+            dead_row=(row.id, row.attempts),
+            headers={"x-relay-last-status": outcome.http_status or 0},
+        )
+    return Ack()
+
+
+def message_for_unclaimable(row: Unclaimable, lane: str) -> Disposition:
+    """What becomes of a message whose row the claim did not take (``row.now`` is the
+    database's clock). A dead row whose dead letter was never confirmed: this message
+    carries it, from the ledger. A final row: a redelivery or a rescue's duplicate, acked
+    and never sent again. Otherwise the row is held by a live claim (``sending``), waits
+    for its retry time (``retrying``) or is not due yet: the message is parked until then
+    rather than dropped, so a lost retry message is moot and an early one is never sent
+    before its time."""
+    if row.dead_letter_missing:
+        return DeadLetter(
+            row.last_error or "dead",
+            dead_row=(row.id, row.attempts),
+            headers={"x-relay-last-status": row.last_status or 0},
+        )
+    if row.state in ledger.FINAL_STATES:
+        return Ack()
+    until = row.lease_expires_at if row.state is State.SENDING else row.next_attempt_at
+    remaining = max((until - row.now).total_seconds(), 0.0) if until else 0.0
+    return Redelay(lane, max(remaining, row.early_seconds))

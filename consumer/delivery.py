@@ -22,7 +22,7 @@ from datetime import datetime
 
 from consumer import decisions, gate, reconcile, registry, unsent
 from consumer.channels.base import Channel, Outcome, OutcomeKind, SendRequest
-from consumer.dispositions import Ack, DeadLetter, Disposition, Redelay
+from consumer.dispositions import Disposition
 from consumer.retry import Action, RetryPolicy
 from consumer.store import Stamp, Store
 from service import amqp, destinations, logs, telemetry
@@ -108,23 +108,16 @@ class Deliverer:
             return await self._unsent.give_back(row)
         if isinstance(admitted, gate.Defer):
             return await self._unsent.defer(row, admitted.reason, admitted.seconds)
-        slot = admitted
-        try:
+        with admitted as slot:  # given back on leaving, used or not
             cleared = await self._last_check(row, slot, stamp, verdict, no_new_requests)
             if not isinstance(cleared, decisions.Send):
                 return cleared  # not sent: skipped, deferred, given back or stopped
             # Nothing waits between the last check and the request.
             outcome, started_at, latency = await self._request(channel, row, cleared.stale, secrets)
-            slot.give_back(failed=outcome.kind is OutcomeKind.RETRY)
-        finally:
-            slot.give_back(failed=None)  # a no-op when already given back
+            slot.answered(outcome)  # back at once; the destination's circuit hears how it ended
         self._crash.hit("after_send")
         labels = {"channel": row.channel, "provider": row.provider}
         self._metrics.send_duration.record(latency, labels)
-        if outcome.kind is OutcomeKind.THROTTLED and self._pause is not None:
-            await self._pause_provider(row.provider, outcome.retry_after_seconds or 1.0)
-            self._metrics.throttles.add(1, labels)
-        await self._registry.outcome(row, outcome)
         record = decisions.attempt_record(
             row, outcome, started_at=started_at, latency_seconds=latency, stale=cleared.stale
         )
@@ -266,7 +259,20 @@ class Deliverer:
         )
         return await self._conclude(row, outcome, record)
 
+    async def _learn(self, row: Claimed, outcome: Outcome) -> None:
+        """What an attempt's outcome tells beyond its own row, in one place once it is
+        known and before it is written: a throttle pauses the provider's budget on every
+        replica; the destinations registry hears a 410, a failure or a success
+        (``registry.lesson``). The destination's circuit heard it as its slot went back."""
+        if outcome.kind is OutcomeKind.THROTTLED and self._pause is not None:
+            await self._pause_provider(row.provider, outcome.retry_after_seconds or 1.0)
+            self._metrics.throttles.add(1, {"channel": row.channel, "provider": row.provider})
+        await self._registry.outcome(row, outcome)
+
     async def _conclude(self, row: Claimed, outcome: Outcome, record: Attempt) -> Disposition:
+        """Every attempt's outcome ends here, sent or refused: learnt from, decided by the
+        retry policy, written (fenced), then what becomes of its message."""
+        await self._learn(row, outcome)
         labels = {"channel": row.channel, "provider": row.provider}
         self._metrics.attempts.add(1, {**labels, "outcome": outcome.kind.value})
         decision = self._policy.decide(
@@ -299,26 +305,17 @@ class Deliverer:
                     **unsent.fields(row),
                 },
             )
-        if not written:
-            return Ack()  # another claim owns the row now; its own message carries it
-        if decision.action is Action.RETRY:
-            assert decision.delay_seconds is not None
+        if written and decision.action is Action.RETRY:
             self._metrics.retries_scheduled.add(1, labels)
-            return Redelay(amqp.lane_of(row.urgent), decision.delay_seconds)
-        if decision.action is Action.DELIVERED:
+        elif written and decision.action is Action.DELIVERED:
             late = (self._clock.now() - row.occurrence_at).total_seconds()
             lane = amqp.lane_of(row.urgent)
             self._metrics.lateness.record(max(late, 0.0), {"channel": row.channel, "lane": lane})
-        if decision.action is Action.DEAD:
+        elif written and decision.action is Action.DEAD:
             self._metrics.dead_letters.add(
                 1, {"reason": telemetry.label_value(decision.reason or "dead"), **labels}
             )
-            return DeadLetter(
-                completion.error or "dead",
-                dead_row=(row.id, row.attempts),
-                headers={"x-relay-last-status": outcome.http_status or 0},
-            )
-        return Ack()
+        return decisions.message_after(row, outcome, decision, completion, written=written)
 
     def _log_unreadable(self, delivery_id: int) -> None:
         if self._error_lines.admit(_UNREADABLE) is not None:

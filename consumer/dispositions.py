@@ -1,8 +1,8 @@
 """What to do with a delivery message once its delivery was decided.
 
-Every branch of the consume loop returns one of these; only ``Worker.handle`` acts on
-them (acks, nacks, publishes a copy), so the rule "durable first, then acknowledged" is
-kept in one place.
+Every branch of the consume loop returns one of these; only ``Settler.settle``
+(``consumer/settle.py``) acts on them (acks, nacks, publishes a copy), so the rule
+"durable first, then acknowledged" is kept in one place.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from consumer import budget, isolation
+from consumer.channels.base import Outcome, OutcomeKind
 from service.ledger import Claimed
 from service.telemetry import Metrics
 
@@ -43,7 +44,12 @@ class Stopped:
 
 
 class Slot:
-    """A slot of one destination's share, held for one request. Return it exactly once.
+    """A slot of one destination's share, held for one request, as a context manager:
+    ``with slot:`` around the last check and the request. ``answered`` gives it back as
+    soon as the request ended, telling the destination's circuit breaker how (a timeout,
+    connection error or 5xx is a failure, any other answer is not); leaving the block
+    without an answer (not sent after all, an error, a cancel) gives it back unused, which
+    tells the breaker nothing. It is returned exactly once either way.
 
     ``budget_deadline``: the request must go out by then (monotonic), or its rate-budget
     token is void (None: no budget applies).
@@ -57,8 +63,21 @@ class Slot:
         self._returned = False
         self.budget_deadline = budget_deadline
 
-    def give_back(self, *, failed: bool | None) -> None:
-        """``failed``: the request failed (timeout, 5xx); None: no request was made."""
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def answered(self, outcome: Outcome) -> None:
+        """The request ended with ``outcome``: the slot goes back, the circuit hears it."""
+        self._give_back(failed=outcome.kind is OutcomeKind.RETRY)
+
+    def release(self) -> None:
+        """No request was made with this slot: back unused (a no-op once returned)."""
+        self._give_back(failed=None)
+
+    def _give_back(self, *, failed: bool | None) -> None:
         if not self._returned:
             self._returned = True
             self._guard.return_slot(self._key, failed=failed)
@@ -130,10 +149,10 @@ class Gate:
         lease_left = self._lease_seconds - (self._now() - claimed_at)
         if lease_left <= self._send_timeout:
             # Sending now could outlive the claim and overlap another claim of the row.
-            slot.give_back(failed=None)
+            slot.release()
             return Defer("lease too short after waiting", self._budget_defer)
         if no_new_requests.is_set():
-            slot.give_back(failed=None)
+            slot.release()
             return Stopped()
         return slot
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import aiormq
 import asyncpg
 
-from service import amqp, logs
+from service import logs, publishing
 from service.ledger import recovery
 from service.telemetry import Metrics
 
@@ -41,7 +41,7 @@ class OverdueSweep:
     """One consumer's sweep; ``count_waiting`` counts the messages ready in the queues."""
 
     pool: asyncpg.Pool
-    publisher: amqp.ConfirmedPublisher
+    publisher: publishing.ConfirmedPublisher
     count_waiting: Callable[[], Awaitable[int]]
     metrics: Metrics
     after_seconds: float

@@ -17,7 +17,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from consumer import worker
 from consumer.outage import DatabaseWatch
-from service import amqp
+from service import publishing
 from service.settings import Settings
 
 
@@ -27,7 +27,7 @@ class Session:
 
     connection: AbstractConnection
     consume_channel: AbstractChannel
-    publisher: amqp.ConfirmedPublisher
+    publisher: publishing.ConfirmedPublisher
     watch: DatabaseWatch
     work: worker.Worker
     consuming: asyncio.Event

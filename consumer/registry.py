@@ -1,12 +1,15 @@
 """What one delivery's outcome tells the destinations registry (``service.destinations``).
 
 A 410 Gone disables the destination at once; a failed attempt extends its failure streak,
-which may disable it; an accepted one ends the streak. ``DestinationPolicy`` says how (and
-holds the vault that opens a destination's own secrets).
+which may disable it; an accepted one ends the streak. ``lesson`` decides which (pure,
+unit-tested); ``Feedback`` writes it, once per attempt, after the outcome is known and
+before it is written (``Deliverer._conclude``). ``DestinationPolicy`` says how (and holds
+the vault that opens a destination's own secrets).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from consumer import decisions
@@ -29,6 +32,35 @@ class DestinationPolicy:
     hold_seconds: float = decisions.DISABLED_HOLD_SECONDS  # a held delivery looks again
 
 
+class Lesson(enum.Enum):
+    """What one attempt's outcome tells the registry about its destination."""
+
+    NOTHING = "nothing"
+    GONE = "gone"  # a 410: disable the destination now
+    FAILED = "failed"  # extend its failure streak (which may disable it)
+    SUCCEEDED = "succeeded"  # end its failure streak
+
+
+def lesson(row: Claimed, outcome: Outcome, *, seen_failing: bool) -> Lesson:
+    """The registry's part of ``outcome``. Only webhook destinations are in the registry.
+    A failure is a retryable one (timeout, connection error, 5xx, 429) or a refusal the
+    receiver answered (a 4xx); a refusal made before any request (no status) is not the
+    destination's doing. A success ends a streak only where there is one to end: the
+    row's destination had failures, or this process saw it fail lately (``seen_failing``);
+    otherwise the registry is not written on the hot path."""
+    if row.channel != "webhook" or row.destination is None:
+        return Lesson.NOTHING
+    if outcome.disable_destination:
+        return Lesson.GONE
+    if outcome.kind is OutcomeKind.RETRY or (
+        outcome.kind is OutcomeKind.REJECTED and outcome.http_status is not None
+    ):
+        return Lesson.FAILED
+    if outcome.kind is OutcomeKind.ACCEPTED and (row.target.failure_streak > 0 or seen_failing):
+        return Lesson.SUCCEEDED
+    return Lesson.NOTHING
+
+
 class Feedback:
     """One per consumer process: tells the registry what each attempt's outcome says."""
 
@@ -39,18 +71,15 @@ class Feedback:
         self._failing: set[str] = set()  # destinations this process saw fail lately
 
     async def outcome(self, row: Claimed, outcome: Outcome) -> None:
-        """Tell the registry: a 410 disables at once; a failed attempt extends the
-        destination's streak (which may disable it); an accepted one ends the streak."""
+        """Tell the registry (``lesson``): a 410 disables at once; a failed attempt extends
+        the destination's streak (which may disable it); an accepted one ends the streak."""
         url = row.destination
-        if row.channel != "webhook" or url is None:
+        if url is None:
             return
-        if outcome.disable_destination:
+        taught = lesson(row, outcome, seen_failing=url in self._failing)
+        if taught is Lesson.GONE:
             self._disabled(await self._store.disable_gone(url), "gone", None)
-            return
-        failed = outcome.kind is OutcomeKind.RETRY or (
-            outcome.kind is OutcomeKind.REJECTED and outcome.http_status is not None
-        )
-        if failed:
+        elif taught is Lesson.FAILED:
             if len(self._failing) >= 10_000:
                 self._failing.clear()
             self._failing.add(url)
@@ -60,9 +89,7 @@ class Feedback:
             )
             if streak is not None and streak.disabled_now:
                 self._disabled(streak.destination_id, "failure_streak", streak.failures)
-        elif outcome.kind is OutcomeKind.ACCEPTED and (
-            row.target.failure_streak > 0 or url in self._failing
-        ):
+        elif taught is Lesson.SUCCEEDED:
             self._failing.discard(url)
             await self._store.destination_succeeded(url)
 

@@ -1,19 +1,21 @@
-"""The consume loop: the only place that acknowledges a delivery message.
+"""The consume loop: what each delivery message needs, decided once per message.
 
 Per message: decode (bounded) -> claim the row (grouped) -> deliver (``consumer.delivery``:
-checks, gate, request, outcome written) -> a ``Disposition`` -> ``handle`` acts on it:
-publish the retry copy or the dead letter with a confirm, and **only then ack**. A crash
-anywhere before the ack means redelivery; the claim (with its lease and attempt fence)
-and the receiver's idempotency key make a redelivery harmless.
+checks, gate, request, outcome written) -> a ``Disposition`` -> ``handle`` hands it to the
+``Settler`` (``consumer/settle.py``, the only code that acks): publish the retry copy or
+the dead letter with a confirm, and **only then ack**. A crash anywhere before the ack
+means redelivery; the claim (with its lease and attempt fence) and the receiver's
+idempotency key make a redelivery harmless.
 
 Each message runs in a task this worker owns (``accept``), not in aiormq's, which it
 cancels when the channel closes (cutting a request on the wire). So a lost channel ends
 a session through the shutdown SIGTERM takes: work in flight finishes and is recorded.
 
-Shutdown (``stop_intake`` then ``drain`` then ``close``): no new claims; claims whose
-request cannot finish within the grace period are released without an attempt and
-their messages handed back; requests already on the wire are awaited. A broker alarm
-``pause``s intake: new messages wait unclaimed until ``resume``.
+Shutdown (``stop_intake`` then ``drain`` then ``close``; the session closes the store
+after it): no new claims; claims whose request cannot finish within the grace period are
+released without an attempt and their messages handed back; requests already on the wire
+are awaited. A broker alarm ``pause``s intake: new messages wait unclaimed until
+``resume``.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 
+from consumer import decisions
 from consumer.acks import GroupedAcks
 from consumer.delivery import Deliverer
-from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Leave, Redelay, Requeue
+from consumer.dispositions import Ack, DeadLetter, Disposition, GiveBack, Redelay, Requeue
 from consumer.incoming import Incoming
+from consumer.settle import Settler
 from consumer.store import Store
-from service import amqp, errors, ledger, logs, messages, telemetry
-from service.crashpoints import CrashPoints
-from service.ledger import State, Unclaimable
+from service import amqp, errors, logs, messages, telemetry
+from service.ledger import Unclaimable
 from service.telemetry import Metrics
 
 log = logs.get("consumer")
@@ -61,25 +64,21 @@ class Worker:
         *,
         store: Store,
         deliverer: Deliverer,
-        publisher: amqp.ConfirmedPublisher,
+        settler: Settler,
         config: WorkerConfig,
         metrics: Metrics,
         stopping: asyncio.Event,
-        on_broker_failure: Callable[[], None],
         acks: GroupedAcks | None = None,
-        crash: CrashPoints | None = None,
         tracer: trace.Tracer | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._deliverer = deliverer
-        self._publisher = publisher
+        self._settler = settler
         self._config = config
         self._metrics = metrics
         self._stopping = stopping
-        self._on_broker_failure = on_broker_failure
         self._acks = acks
-        self._crash = crash or CrashPoints()
         self._tracer = tracer or telemetry.noop_tracer()
         self._tracing = telemetry.is_recording(self._tracer)
         self._now = monotonic
@@ -88,13 +87,17 @@ class Worker:
         self._intake_open.set()
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._last_progress = monotonic()
-        self.left_to_broker = 0  # settled after their channel closed: the broker has them
         self._closed = False
         self._redelay_lines = logs.OnePerInterval(logs.REPEAT_EVERY_SECONDS, monotonic)
 
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def left_to_broker(self) -> int:
+        """Messages settled after their channel closed: the broker has them back."""
+        return self._settler.left_to_broker
 
     @property
     def paused(self) -> bool:
@@ -154,20 +157,19 @@ class Worker:
         return not self._in_flight
 
     async def close(self, timeout_seconds: float) -> None:
-        """Cancel what is still running (its messages return to the broker), then stop
-        the grouped writers: both within ``timeout_seconds``."""
+        """Cancel what is still running (its messages return to the broker), waiting for
+        it at most ``timeout_seconds``. The store it writes through is closed after it."""
         self._closed = True
         for task in list(self._in_flight):
             task.cancel()
         if self._in_flight:
-            await asyncio.wait(set(self._in_flight), timeout=timeout_seconds / 2)
-        await self._store.close(timeout_seconds / 2)
+            await asyncio.wait(set(self._in_flight), timeout=timeout_seconds)
 
     # ------------------------------------------------------------------ one message
 
     async def handle(self, message: Incoming) -> None:
-        """Decide what the message's delivery needs, then settle the message: the only
-        code that acks, nacks or publishes a copy of a delivery message."""
+        """Decide what the message's delivery needs, then have the settler carry it out
+        (the only code that acks, nacks or publishes a copy of a delivery message)."""
         lane = message.routing_key or amqp.BULK
         try:
             disposition = await self._decide_in_span(message)
@@ -180,89 +182,8 @@ class Worker:
             # always fails here.
             log.exception("message handling failed", extra={"event": "handle_failed"})
             disposition = Requeue()
-        await self._settle(message, disposition)
+        await self._settler.settle(message, disposition)
         self._last_progress = self._now()
-
-    async def _settle(self, message: Incoming, disposition: Disposition) -> None:
-        if not message.settleable:
-            # Its channel closed: the broker put it back, so no ack, nack or copy (a
-            # second message). Its redelivery reads what was done from the ledger.
-            self.left_to_broker += 1
-            return
-        trace_headers = telemetry.trace_headers(message.headers)
-        try:
-            match disposition:
-                case Ack():
-                    await self._ack(message)
-                case Redelay(lane=lane, seconds=seconds):
-                    await self._publisher.publish_delayed(
-                        message.body, lane=lane, remaining_seconds=seconds, headers=trace_headers
-                    )
-                    self._crash.hit("after_publish")
-                    await self._ack(message)
-                case DeadLetter():
-                    await self._publish_dead_letter(message, disposition, trace_headers)
-                    self._crash.hit("after_publish")
-                    await self._ack(message)
-                case GiveBack(lane=lane):
-                    await self._give_back(message, lane, trace_headers)
-                case Requeue():
-                    await self._nack(message)
-                case Leave():
-                    pass
-        except errors.PublishError:
-            # The broker did not confirm: it is failing. Leave the message unacked (it is
-            # redelivered) and let the process restart on a fresh connection.
-            log.error("broker did not confirm a publish", extra={"event": "publish_failed"})
-            self._on_broker_failure()
-        except Exception as exc:
-            log.warning(
-                "could not settle a message; the broker will redeliver it",
-                extra={"event": "settle_failed", "error": type(exc).__name__},
-            )
-
-    async def _publish_dead_letter(
-        self,
-        message: Incoming,
-        letter: DeadLetter,
-        trace_headers: dict[str, Any],
-    ) -> None:
-        headers: dict[str, Any] = {
-            **trace_headers,
-            **letter.headers,
-            amqp.REASON_HEADER: letter.reason,
-            amqp.DEAD_AT_HEADER: int(time.time() * 1000),
-            "x-relay-source-queue": message.routing_key or "",
-        }
-        if letter.dead_row is not None:
-            headers["x-relay-delivery-id"], headers["x-relay-attempts"] = letter.dead_row
-        await self._publisher.publish_dead(message.body, headers)
-        if letter.dead_row is not None:
-            try:
-                await self._store.mark_dead_lettered(*letter.dead_row)
-            except errors.Abandoned:
-                pass  # the dead letter is in its queue; only the row's stamp is missing
-
-    async def _give_back(self, message: Incoming, lane: str, trace_headers: dict[str, Any]) -> None:
-        try:
-            await self._publisher.publish_copy(message.body, lane=lane, headers=trace_headers)
-        except errors.PublishError:
-            await self._nack(message)
-            return
-        await self._ack(message)
-
-    async def _ack(self, message: Incoming) -> None:
-        """Acknowledge: grouped with its neighbours when it can be (``consumer/acks.py``)."""
-        if self._acks is None or message.delivery_tag is None:
-            await message.ack()
-        else:
-            self._acks.ack(message.delivery_tag)
-
-    async def _nack(self, message: Incoming) -> None:
-        """Return the message to its queue (counts toward its delivery limit)."""
-        if self._acks is not None and message.delivery_tag is not None:
-            self._acks.dropped(message.delivery_tag)
-        await message.nack(requeue=True)
 
     async def _decide_in_span(self, message: Incoming) -> Disposition:
         if not self._tracing:  # nothing exports spans: skip the context work entirely
@@ -353,21 +274,18 @@ class Worker:
         return DeadLetter(reason)
 
     def _not_claimable(self, row: Unclaimable, lane: str) -> Disposition:
-        if row.dead_letter_missing:
+        """What ``decisions.message_for_unclaimable`` says, counted and logged."""
+        disposition = decisions.message_for_unclaimable(row, lane)
+        if isinstance(disposition, DeadLetter):
             # The consumer that wrote 'dead' died before the dead letter was confirmed:
             # publish it now, from the ledger, so the dead-letter queue misses nothing.
-            reason = row.last_error or "dead"
-            self._metrics.dead_letters.add(1, {"reason": telemetry.label_value(reason)})
+            reason = telemetry.label_value(disposition.reason)
+            self._metrics.dead_letters.add(1, {"reason": reason})
             log.warning(
                 "missing dead letter published on redelivery",
                 extra={"event": "dead_letter_recovered", "delivery_id": row.id},
             )
-            return DeadLetter(
-                reason,
-                dead_row=(row.id, row.attempts),
-                headers={"x-relay-last-status": row.last_status or 0},
-            )
-        if row.state in ledger.FINAL_STATES:
+        elif isinstance(disposition, Ack):
             # Already final: a redelivery or a rescue duplicate. Never send again.
             self._metrics.duplicates.add(1, {"state": row.state.value})
             if row.republished:  # the overdue sweep's copy, or the original it presumed lost
@@ -377,23 +295,17 @@ class Worker:
                 "duplicate message for a final row acked without sending",
                 extra={**fields, "republished": row.republished},
             )
-            return Ack()
-        # Held by a live claim (sending), waiting for its retry time (retrying) or not due
-        # yet: park the message until then rather than drop it, so a lost retry message
-        # is moot and an early one is never sent before its time.
-        until = row.lease_expires_at if row.state is State.SENDING else row.next_attempt_at
-        remaining = max((until - row.now).total_seconds(), 0.0) if until else 0.0
-        remaining = max(remaining, row.early_seconds)
-        self._metrics.redelays.add(1, {"state": row.state.value})
-        self._redelay_lines.log(  # one INFO line a minute per state, the rest at DEBUG
-            log,
-            row.state.value,
-            "message parked until its row is due",
-            {
-                "event": "redelay",
-                "delivery_id": row.id,
-                "state": row.state.value,
-                "remaining_seconds": round(remaining, 3),
-            },
-        )
-        return Redelay(lane, remaining)
+        elif isinstance(disposition, Redelay):
+            self._metrics.redelays.add(1, {"state": row.state.value})
+            self._redelay_lines.log(  # one INFO line a minute per state, the rest at DEBUG
+                log,
+                row.state.value,
+                "message parked until its row is due",
+                {
+                    "event": "redelay",
+                    "delivery_id": row.id,
+                    "state": row.state.value,
+                    "remaining_seconds": round(disposition.seconds, 3),
+                },
+            )
+        return disposition

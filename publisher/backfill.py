@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from service import amqp, db, errors, schedule, schedule_history
+from service import amqp, db, errors, publishing, retention, schedule, schedule_history
 from service.ledger import State, admission, control, publication, publish_runs
 from service.ledger.admission import NewDelivery
 from service.progress import Progress
@@ -189,6 +189,13 @@ async def admit(
 ) -> BackfillSummary:
     """Count (or, ``apply``, admit) the window's occurrences the ledger lacks."""
     now = await pool.fetchval(db.q("db_now"))
+    reached = await retention.horizon(pool)
+    retention.refuse_reaching_back(
+        start,
+        reached.rows_purged_before,
+        "--from",
+        "a backfill cannot tell what was sent: the rows of deliveries that ended were purged",
+    )
     summary = BackfillSummary(apply, start, min(end, now))
     rows = await pool.fetch(db.q("backfill_reminders"), reminder_id)
     if reminder_id is not None and not rows:
@@ -222,18 +229,22 @@ async def _finish(pool: asyncpg.Pool, summary: BackfillSummary) -> None:
     )
 
 
-async def publish(settings: Settings, pool: asyncpg.Pool, summary: BackfillSummary) -> None:
-    """Publish the admitted rows now (through the timer when not due yet)."""
+async def publish(
+    stack: contextlib.AsyncExitStack,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    summary: BackfillSummary,
+) -> None:
+    """Publish the admitted rows now (through the timer when not due yet); the broker
+    connection is closed with the run's other resources (``stack``)."""
     if not summary.ready:
         return
-    connection, publisher = await amqp.open_publisher(settings, "relay-backfill")
-    try:
-        now = await pool.fetchval(db.q("db_now"))
-        items = [(i, urgent, (at - now).total_seconds()) for i, urgent, at in summary.ready]
-        confirmed, failed = await publisher.publish_many(items)
-        await publication.mark_queued(pool, confirmed)
-    finally:
-        await amqp.close_connection(connection, _CLOSE_SECONDS)
+    connection, publisher = await publishing.open_publisher(settings, "relay-backfill")
+    stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
+    now = await pool.fetchval(db.q("db_now"))
+    items = [(i, urgent, (at - now).total_seconds()) for i, urgent, at in summary.ready]
+    confirmed, failed = await publisher.publish_many(items)
+    await publication.mark_queued(pool, confirmed)
     summary.published, summary.failed = len(confirmed), len(failed)
 
 
@@ -252,7 +263,7 @@ async def run(
         stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
         summary = await admit(pool, reminder_id, start, end, apply=apply)
         if apply and publish_now:
-            await publish(settings, pool, summary)
+            await publish(stack, settings, pool, summary)
             assert summary.run_id is not None
             await publish_runs.record_published(
                 pool, summary.run_id, summary.published, summary.failed

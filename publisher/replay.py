@@ -40,7 +40,7 @@ import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from publisher.dead_queue import DeadLetterRead
-from service import amqp, db, ledger, logs, messages
+from service import amqp, db, ledger, logs, messages, publishing
 from service.ledger import State, publication, replays
 from service.progress import Progress
 from service.settings import Settings
@@ -97,7 +97,7 @@ class Replayer:
         self,
         *,
         pool: asyncpg.Pool,
-        publisher: amqp.ConfirmedPublisher,
+        publisher: publishing.ConfirmedPublisher,
         metrics: Metrics,
         operator: str,
         reason: str | None = None,
@@ -259,7 +259,7 @@ async def run(
     async with contextlib.AsyncExitStack() as stack:
         pool = await db.create_pool(settings, size=2)
         stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
-        connection, publisher = await amqp.open_publisher(settings, "relay-replay")
+        connection, publisher = await publishing.open_publisher(settings, "relay-replay")
         stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
         replayer = Replayer(pool=pool, publisher=publisher, metrics=metrics, operator=operator)
         if source == "queue":

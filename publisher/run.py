@@ -28,7 +28,7 @@ import asyncpg
 from opentelemetry import trace
 
 from publisher.plan import plan_batch
-from service import amqp, brokers, db, errors, logs, runs, telemetry
+from service import amqp, brokers, db, errors, logs, publishing, runs, telemetry
 from service.clock import Clock
 from service.ledger import State, admission, publication, publish_runs, recovery
 from service.progress import Progress
@@ -76,7 +76,7 @@ class PublishRun:
         *,
         settings: Settings,
         pool: asyncpg.Pool,
-        publisher: amqp.ConfirmedPublisher | None,
+        publisher: publishing.ConfirmedPublisher | None,
         metrics: Metrics,
         clock: Clock,
         broker_error: str | None = None,
@@ -308,7 +308,7 @@ async def run(
         broker_error = None
         count_waiting = None
         try:
-            connection, publisher = await amqp.open_publisher(settings, "relay-publish")
+            connection, publisher = await publishing.open_publisher(settings, "relay-publish")
         except errors.UnavailableError as exc:
             broker_error = str(exc)
             log.error(

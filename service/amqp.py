@@ -1,4 +1,5 @@
-"""Broker topology (names and idempotent declaration), connections, confirmed publishing.
+"""Broker topology (names and idempotent declaration) and connections. Publishing with
+confirms is ``service/publishing.py``.
 
 Topology, all durable, names prefixed by the namespace (default ``relay``):
 
@@ -13,27 +14,20 @@ Topology, all durable, names prefixed by the namespace (default ``relay``):
   lane's routing key at its due time (rounded up to 50 ms), never held back by another.
 - ``<ns>.dlx`` (fanout) -> ``<ns>.dead-letters``, read by ``relay replay``.
 
-Every publish is persistent, ``mandatory`` and confirmed: an unroutable message is an
-error, never a silent drop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from service import alarms, brokers, errors, messages, servers, timer
+from service import brokers, errors, servers, timer
 from service.settings import Settings
 
-# A delivery due sooner than this goes straight to its lane.
-_DUE_NOW_SECONDS = 0.005
 BULK = "bulk"
 URGENT = "urgent"
 # Not "x-" prefixed: a headers exchange ignores x- headers when matching.
@@ -193,192 +187,6 @@ async def declare(channel: AbstractChannel, topology: Topology) -> None:
         await tier_queue.bind(
             delay, arguments={"x-match": "all", TIER_HEADER: topology.delay_queue(tier)}
         )
-
-
-class ConfirmedPublisher:
-    """Publishes delivery messages on a confirming channel, pipelined and bounded."""
-
-    def __init__(
-        self,
-        channel: AbstractChannel,
-        topology: Topology,
-        *,
-        max_in_flight: int,
-        timer_max_in_flight: int,
-        confirm_timeout_seconds: float,
-    ) -> None:
-        self._channel = channel
-        self._topology = topology
-        self._in_flight = asyncio.Semaphore(max_in_flight)
-        # A ladder level's TTL runs from when the broker takes the message (so the wait is
-        # taken as it goes out): one queued in the broker's intake behind many starts late.
-        self._timer_in_flight = asyncio.Semaphore(min(max_in_flight, timer_max_in_flight))
-        self._timeout = confirm_timeout_seconds
-        self._exchanges: dict[str, AbstractExchange] = {}
-        self.blocked: alarms.Blocked | None = None  # set: time blocked is not confirm time
-
-    @classmethod
-    async def open(
-        cls, connection: AbstractConnection, topology: Topology, settings: Settings
-    ) -> ConfirmedPublisher:
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        return cls(
-            channel,
-            topology,
-            max_in_flight=settings.publish_max_in_flight,
-            timer_max_in_flight=settings.publish_timer_max_in_flight,
-            confirm_timeout_seconds=settings.publish_confirm_timeout_seconds,
-        )
-
-    async def _exchange(self, name: str) -> AbstractExchange:
-        if name not in self._exchanges:
-            self._exchanges[name] = await self._channel.get_exchange(name, ensure=False)
-        return self._exchanges[name]
-
-    async def _publish(
-        self, exchange_name: str, routing_key: str, body: bytes, headers: Mapping[str, Any]
-    ) -> None:
-        async with self._in_flight:
-            await self._send(exchange_name, routing_key, body, headers)
-
-    async def _send(
-        self, exchange_name: str, routing_key: str, body: bytes, headers: Mapping[str, Any]
-    ) -> None:
-        """Publish one message and wait for its confirm (the caller holds a slot)."""
-        exchange = await self._exchange(exchange_name)
-        message = aio_pika.Message(
-            body,
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            headers=dict(headers),
-        )
-        try:
-            publishing = exchange.publish(message, routing_key, mandatory=True)
-            await alarms.confirmed(publishing, self._timeout, self.blocked)
-        except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
-            raise errors.PublishError(f"publish not confirmed: {type(exc).__name__}") from exc
-
-    async def publish_delivery(
-        self, delivery_id: int, *, urgent: bool, headers: Mapping[str, Any] | None = None
-    ) -> None:
-        """Publish one delivery to its lane and wait for the broker's confirm."""
-        body, lane = messages.encode(delivery_id), lane_of(urgent)
-        await self._publish(self._topology.work_exchange, lane, body, headers or {})
-
-    async def publish_due(
-        self, delivery_id: int, *, urgent: bool, due_in_seconds: float, headers: Mapping[str, Any]
-    ) -> None:
-        """Publish one delivery so that it reaches its lane when it falls due: at once if
-        it is due, else through the timer ladder (``service/timer.py``). If the ladder
-        returns it unroutable (a level's node is down: classic queues are not replicated),
-        it hops through the delay tiers instead, and the consumer holds it until due."""
-        loop = asyncio.get_running_loop()
-        due_at = loop.time() + due_in_seconds
-        body, lane = messages.encode(delivery_id), lane_of(urgent)
-        if due_in_seconds <= _DUE_NOW_SECONDS:
-            return await self._publish(self._topology.work_exchange, lane, body, headers)
-        async with self._timer_in_flight, self._in_flight:
-            remaining = due_at - loop.time()
-            if remaining <= _DUE_NOW_SECONDS:
-                await self._send(self._topology.work_exchange, lane, body, headers)
-                return
-            try:
-                ladder = {**headers, **timer.headers_for(remaining)}
-                await self._send(self._topology.timer_entrance, lane, body, ladder)
-                return
-            except errors.PublishError as exc:
-                if not isinstance(exc.__cause__, aiormq.exceptions.PublishError):
-                    raise
-        remaining = max(due_at - loop.time(), 0.0)
-        await self.publish_delayed(body, lane=lane, remaining_seconds=remaining, headers=headers)
-
-    async def publish_many(
-        self,
-        items: Iterable[tuple[int, bool]] | Iterable[tuple[int, bool, float]],
-        headers: Mapping[str, Any] | None = None,
-    ) -> tuple[list[int], list[int]]:
-        """Publish (delivery_id, urgent[, seconds until due]) pipelined, in the given
-        order; return (confirmed, failed) ids. Items not due yet go through the timer
-        ladder, each with the wait left when it goes out."""
-        ids: list[int] = []
-        tasks: list[asyncio.Task[None]] = []
-        for delivery_id, urgent, *due in items:
-            ids.append(delivery_id)
-            tasks.append(
-                asyncio.ensure_future(
-                    self.publish_due(
-                        delivery_id,
-                        urgent=urgent,
-                        due_in_seconds=due[0] if due else 0.0,
-                        headers=headers or {},
-                    )
-                )
-            )
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        confirmed = [i for i, r in zip(ids, results, strict=True) if r is None]
-        failed = [i for i, r in zip(ids, results, strict=True) if r is not None]
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, Exception):
-                raise r  # never swallow cancellation
-        return confirmed, failed
-
-    async def publish_delayed(
-        self,
-        body: bytes,
-        *,
-        lane: str,
-        remaining_seconds: float,
-        headers: Mapping[str, Any] | None = None,
-    ) -> float:
-        """Park a message in the delay tier that fits; return that tier's length (s)."""
-        tier = self._topology.tier_for(remaining_seconds)
-        await self._publish(
-            self._topology.delay_exchange,
-            lane,
-            body,
-            {**(headers or {}), TIER_HEADER: self._topology.delay_queue(tier)},
-        )
-        return tier
-
-    async def publish_copy(
-        self, body: bytes, *, lane: str, headers: Mapping[str, Any] | None = None
-    ) -> None:
-        """Publish a fresh copy of a delivery message to its lane (a hand-back: the copy
-        starts with a delivery count of zero, unlike a nacked original)."""
-        await self._publish(self._topology.work_exchange, lane, body, headers or {})
-
-    async def publish_dead(self, body: bytes, headers: Mapping[str, Any]) -> None:
-        """Send a message to the dead-letter exchange, with headers saying why."""
-        await self._publish(self._topology.dead_exchange, "", body, headers)
-
-    @property
-    def closed(self) -> bool:
-        return self._channel.is_closed
-
-    @property
-    def channel(self) -> AbstractChannel:
-        return self._channel
-
-    async def close(self) -> None:
-        if not self._channel.is_closed:
-            await self._channel.close()
-
-
-async def open_publisher(
-    settings: Settings, role: str
-) -> tuple[AbstractConnection, ConfirmedPublisher]:
-    """Connect, declare the topology, and open a confirming publisher."""
-    topology = Topology.from_settings(settings)
-    connection = await connect(settings, name=f"{role}@{socket.gethostname()}")
-    try:
-        async with asyncio.timeout(settings.amqp_timeout_seconds):
-            channel = await connection.channel()
-            await declare(channel, topology)
-            await channel.close()
-            return connection, await ConfirmedPublisher.open(connection, topology, settings)
-    except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
-        await close_connection(connection, settings.amqp_timeout_seconds)
-        raise errors.UnavailableError(f"broker unusable: {type(exc).__name__}") from exc
 
 
 async def close_connection(connection: AbstractConnection, timeout_seconds: float) -> None:

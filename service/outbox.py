@@ -201,18 +201,29 @@ async def add_intent(
     if event_type is not None and (problem := entry.event_type_problem(event_type)):
         raise InvalidIntentError(f"event_type: {problem}")
     if channel == "webhook":
-        refused = await entry.resolved_problem(
-            destination, allow_networks, timeout_seconds=DNS_CHECK_SECONDS
-        )
-        if refused is not None:
-            raise InvalidIntentError(f"destination: {refused}")
-        destination = destinations.normalise(destination)
-        unknown = await destinations.enter(
-            conn, [destination], registration or destinations.Registration()
-        )
-        if unknown:
-            raise InvalidIntentError(f"destination: {destinations.NOT_REGISTERED}")
+        destination = await _enter_webhook(conn, destination, allow_networks, registration)
     return await _insert(conn, key, channel, destination, payload, provider, urgent, event_type)
+
+
+async def _enter_webhook(
+    conn: ledger.Connection,
+    destination: str,
+    allow_networks: netpolicy.AllowList,
+    registration: destinations.Registration | None,
+) -> str:
+    """A webhook destination as the ledger stores it: resolved to allowed addresses,
+    normalised, and registered in this transaction (or refused when only registered ones
+    may be named). InvalidIntentError otherwise."""
+    refused = await entry.resolved_problem(
+        destination, allow_networks, timeout_seconds=DNS_CHECK_SECONDS
+    )
+    if refused is not None:
+        raise InvalidIntentError(f"destination: {refused}")
+    url = destinations.normalise(destination)
+    unknown = await destinations.enter(conn, [url], registration or destinations.Registration())
+    if unknown:
+        raise InvalidIntentError(f"destination: {destinations.NOT_REGISTERED}")
+    return url
 
 
 async def add_event(

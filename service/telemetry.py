@@ -44,12 +44,13 @@ _LAG_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
 class Metrics:
     """The instruments, grouped as in ``docs/metrics.md``."""
 
-    # Delivery: recorded by the consumer.
+    # Sends: recorded by the consumer around each request.
     attempts: LocalCounter
     send_duration: Histogram
     lateness: Histogram
     budget_wait: Histogram
     throttles: Counter
+    # Messages: recorded by the consumer when one ends without a request, or not for now.
     deferrals: Counter
     duplicates: Counter
     dead_letters: Counter
@@ -57,6 +58,7 @@ class Metrics:
     skipped: Counter
     redelays: Counter
     poison: Counter
+    # Repairs: what the consumer changed beyond one delivery.
     destinations_disabled: Counter
     overdue_republished: Counter
     overdue_duplicates: Counter
@@ -78,7 +80,9 @@ class Metrics:
         snapshot = Snapshot()
         register_gauges(meter, snapshot)
         return cls(
-            **_delivery_instruments(meter),
+            **_send_instruments(meter),
+            **_message_instruments(meter),
+            **_repair_instruments(meter),
             **_run_instruments(meter),
             console_login_failures=meter.create_counter(
                 "relay.console.login.failures",
@@ -110,14 +114,17 @@ class LocalCounter:
         return [Observation(total, dict(key)) for key, total in list(self._totals.items())]
 
 
-# The two groups of counters and histograms as typed keyword arguments of ``Metrics``, so
+# The groups of counters and histograms as typed keyword arguments of ``Metrics``, so
 # mypy checks each name and type against the fields above.
-class _DeliveryInstruments(TypedDict):
+class _SendInstruments(TypedDict):
     attempts: LocalCounter
     send_duration: Histogram
     lateness: Histogram
     budget_wait: Histogram
     throttles: Counter
+
+
+class _MessageInstruments(TypedDict):
     deferrals: Counter
     duplicates: Counter
     dead_letters: Counter
@@ -125,6 +132,9 @@ class _DeliveryInstruments(TypedDict):
     skipped: Counter
     redelays: Counter
     poison: Counter
+
+
+class _RepairInstruments(TypedDict):
     destinations_disabled: Counter
     overdue_republished: Counter
     overdue_duplicates: Counter
@@ -139,9 +149,10 @@ class _RunInstruments(TypedDict):
     run_published: Counter
 
 
-def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
-    """The consumer's counters and histograms: one request, one message, one delivery."""
-    return _DeliveryInstruments(
+def _send_instruments(meter: Meter) -> _SendInstruments:
+    """The consumer's instruments of one request: its outcome, its time, its lateness and
+    the budget it waited for."""
+    return _SendInstruments(
         attempts=LocalCounter(
             meter, "relay.delivery.attempts", "{attempt}", "Delivery attempts by outcome"
         ),
@@ -165,6 +176,12 @@ def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
             "{response}",
             "Throttle answers that paused a provider's budget",
         ),
+    )
+
+
+def _message_instruments(meter: Meter) -> _MessageInstruments:
+    """The consumer's counters of what became of a message other than one request."""
+    return _MessageInstruments(
         deferrals=meter.create_counter(
             "relay.delivery.deferrals",
             "{delivery}",
@@ -194,6 +211,13 @@ def _delivery_instruments(meter: Meter) -> _DeliveryInstruments:
         poison=meter.create_counter(
             "relay.delivery.poison", "{message}", "Malformed or unknown messages dead-lettered"
         ),
+    )
+
+
+def _repair_instruments(meter: Meter) -> _RepairInstruments:
+    """The consumer's counters of repairs beyond one delivery: destinations it disabled,
+    overdue rows it republished and the late originals of those."""
+    return _RepairInstruments(
         destinations_disabled=meter.create_counter(
             "relay.destinations.disabled", "{destination}", "Destinations disabled, by reason"
         ),

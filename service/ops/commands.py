@@ -20,7 +20,7 @@ import asyncpg
 from service import db, destinations, edits, errors, netpolicy, runs, schedule
 from service.ledger import control
 from service.ops import partner as partner_mod
-from service.ops import reminders
+from service.ops import reminder_lines, reminders
 from service.ops import status as status_mod
 from service.settings import Settings
 
@@ -58,7 +58,7 @@ async def reminders_load(args: argparse.Namespace, settings: Settings) -> int:
     tally = edits.Tally()  # what the load's schedule changes skipped, for the summary
     try:
         async with _pool(settings) as pool:
-            lines = reminders.read_lines(source)
+            lines = reminder_lines.read_lines(source)
             registration = destinations.Registration.of(
                 settings.destinations_registered_only, settings.destination_secrets_keys
             )
@@ -182,7 +182,7 @@ async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         done = await control.cancel_reminder(pool, args.id)
     if not done:
-        print(f"relay: no reminder {args.id!r} to cancel (unknown, or already cancelled)",
+        print(f"relay: no reminder {args.id!r} to cancel (unknown, already cancelled, or erased)",
               file=sys.stderr)  # fmt: skip
         return errors.ExitCode.INCOMPLETE
     print(
@@ -200,16 +200,25 @@ async def _status_missing(
     accepted e-mail or SMS says how long its provider has had it without a receipt."""
     run_id = args.run or await runs.latest_with_work(pool)
     rows = [] if run_id is None else await status_mod.missing(pool, run_id, args.limit)
+    purged = 0 if run_id is None else await runs.rows_purged_missing(pool, run_id)
     outbox = await status_mod.outbox_missing(pool, args.limit)
     by_event = await status_mod.event_missing(pool, args.limit)
     if run_id is None and not outbox and not by_event:
         print("relay: no publish runs yet", file=sys.stderr)
         return errors.ExitCode.INCOMPLETE
-    found = {"run_id": run_id, "missing": rows, "outbox_missing": outbox, "event_missing": by_event}
+    found = {
+        "run_id": run_id,
+        "missing": rows,
+        "rows_purged_missing": purged,
+        "outbox_missing": outbox,
+        "event_missing": by_event,
+    }
     print(
         status_mod.to_json(found)
         if args.json
-        else status_mod.render_missing(run_id, rows, outbox, by_event, receipt_wait_seconds)
+        else status_mod.render_missing(
+            run_id, rows, outbox, by_event, receipt_wait_seconds, purged_missing=purged
+        )
     )
     return errors.ExitCode.OK
 

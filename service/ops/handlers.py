@@ -317,6 +317,21 @@ async def consume(args: Namespace, settings: Settings) -> int:
     return await commands.consume(args, settings)
 
 
+# retention and erasure --------------------------------------------------------------------
+
+
+async def purge(args: Namespace, settings: Settings) -> int:
+    from service.ops import purge_cmd
+
+    return await purge_cmd.main(args, settings)
+
+
+async def erase(args: Namespace, settings: Settings) -> int:
+    from service.ops import erase_cmd
+
+    return await erase_cmd.erase(args, settings)
+
+
 HANDLERS: dict[str, Handler] = {
     "migrate": migrate,
     "reminders.load": reminders_load,
@@ -361,4 +376,6 @@ HANDLERS: dict[str, Handler] = {
     "replay": replay,
     "backfill": backfill,
     "consume": consume,
+    "purge": purge,
+    "erase": erase,
 }

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ from service import (
     receipt_events,
     receipt_signatures,
     receipts,
+    signals,
     suppressions,
     telemetry,
 )
@@ -264,24 +264,15 @@ async def main(args: argparse.Namespace, settings: Settings) -> int:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import REGISTRY
 
-    telem = telemetry.setup("relay-receipts", [PrometheusMetricReader()])
-    metrics = ReceiptMetrics.create(telem.meter_provider.get_meter("reminder-relay"))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    try:
-        render = _renderer(REGISTRY)
-        async with serving(settings, metrics, render) as port:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            print(f"relay receipts: listening on {settings.receipts_host}:{port}", flush=True)
-            log.info("receipts listening", extra={"event": "receipts_listening", "port": port})
-            try:
-                await stop.wait()
-            finally:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
-    finally:
-        telem.shutdown()
+    async with contextlib.AsyncExitStack() as stack:  # one exit path, in reverse order
+        telem = telemetry.setup("relay-receipts", [PrometheusMetricReader()])
+        stack.callback(telem.shutdown)
+        metrics = ReceiptMetrics.create(telem.meter_provider.get_meter("reminder-relay"))
+        port = await stack.enter_async_context(serving(settings, metrics, _renderer(REGISTRY)))
+        stop = stack.enter_context(signals.stopping_on_signals(asyncio.Event()))
+        print(f"relay receipts: listening on {settings.receipts_host}:{port}", flush=True)
+        log.info("receipts listening", extra={"event": "receipts_listening", "port": port})
+        await stop.wait()
     return errors.ExitCode.OK
 
 

@@ -1,23 +1,23 @@
-"""Reminder files (JSON Lines) and the management operations on reminders.
+"""Reminder files (JSON Lines): what a line says, and loading a file into the ledger.
 
 A file is all-or-nothing: it is read and upserted by ``id`` in chunks (5,000 lines, or
 fewer when they are long) inside one transaction; if any line is bad, the command names
 each bad line (up to 20, with a count of the rest) and the transaction is rolled back, so
 nothing is loaded.
 
-Each line is checked by ``service.entry``, the same door the outbox API uses: its bytes
-(UTF-8, at most ``MAX_LINE_BYTES``), its JSON (no NaN, nesting bounded, no NUL), the
-reminder's fields, its destination (the destination policy, e-mail syntax, E.164) and its
-payload (the channel's keys and send-time size).
+Each line's bytes and JSON are read by ``service.ops.reminder_lines`` (UTF-8, at most
+``MAX_LINE_BYTES``, no NaN, nesting bounded); what it says is checked by
+``service.entry``, the same door the outbox API uses: the reminder's fields (no NUL), its
+destination (the destination policy, e-mail syntax, E.164) and its payload (the channel's
+keys and send-time size).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import asyncpg
 from pydantic import (
@@ -30,20 +30,9 @@ from pydantic import (
     model_validator,
 )
 
-from service import db, destinations, edits, entry, errors, limits, netpolicy, schedule
+from service import db, destinations, edits, entry, netpolicy, schedule
+from service.ops import reminder_lines
 from service.progress import Progress
-
-MAX_REPORTED_ERRORS = 20
-UPSERT_BATCH = 5000  # lines per chunk, at most
-CHUNK_BYTES = 32 * 1024 * 1024  # and at most this much text per chunk
-# A line may be at most this long: a payload at the largest send-time limit, written with
-# every character escaped (\uXXXX), still fits. Longer lines are refused unread.
-MAX_LINE_BYTES = 4 * 1024 * 1024
-_BOM = "\ufeff"
-_TOO_LONG = (
-    f"longer than {MAX_LINE_BYTES:,} bytes, so its payload is over every channel's limit "
-    f"(at most {limits.MAX_PAYLOAD_BYTES:,} bytes as JSON)"
-)
 
 
 class ReminderLine(BaseModel):
@@ -143,104 +132,21 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-class Problems:
-    """Bad lines found so far: the first ones kept (for the report), all of them counted."""
-
-    def __init__(self, keep: int = 1000) -> None:
-        self.kept: list[tuple[int, str]] = []
-        self.count = 0
-        self._keep = keep
-
-    def add(self, number: int, text: str) -> None:
-        self.count += 1
-        if len(self.kept) < self._keep:
-            self.kept.append((number, f"line {number}: {text}"))
-
-    def raise_if_any(self) -> None:
-        """Raise InputError: one line per bad line shown, then one saying nothing was
-        loaded (a single bad line is one line: ``line 3: ...; nothing was loaded``)."""
-        if not self.count:
-            return
-        shown = [text for _, text in sorted(self.kept)[:MAX_REPORTED_ERRORS]]
-        if self.count == 1:
-            raise errors.InputError(f"{shown[0]}; nothing was loaded")
-        more = self.count - len(shown)
-        tail = [f"... and {more} more bad lines"] if more else []
-        summary = f"nothing was loaded ({self.count:,} bad lines)"
-        raise errors.InputError("\n".join([*shown, *tail, summary]))
-
-
-def _decode(number: int, raw: str | bytes, problems: Problems) -> str | None:
-    """The text of one line, or None (blank, or bad: then reported)."""
-    if isinstance(raw, bytes):
-        if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
-            problems.add(number, _TOO_LONG)
-            return None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            byte = raw[exc.start]
-            problems.add(number, f"not valid UTF-8 (byte 0x{byte:02x} at column {exc.start + 1})")
-            return None
-    else:
-        text = raw
-        if len(text) > MAX_LINE_BYTES:
-            problems.add(number, _TOO_LONG)
-            return None
-    if number == 1:
-        text = text.removeprefix(_BOM)  # a byte-order mark some editors write
-    return text if text.strip() else None
-
-
-def _refuse_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _parse_json(number: int, text: str, problems: Problems) -> dict[str, Any] | None:
-    """The line's object, or None (reported): nesting is bounded before parsing, so no
-    line can exhaust the parser's recursion."""
-    depth = limits.MAX_PAYLOAD_DEPTH + 1  # the line's object holds the payload
-    if text.count("[") + text.count("{") > depth and entry.json_depth(text) > depth:
-        problems.add(number, f"nested deeper than {limits.MAX_PAYLOAD_DEPTH} levels")
-        return None
-    try:
-        data = json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        problems.add(number, f"not valid JSON ({exc.msg} at column {exc.colno})")
-        return None
-    except ValueError as exc:  # NaN or Infinity, an integer of more than 4,300 digits
-        problems.add(number, f"not valid JSON ({exc})")
-        return None
-    if not isinstance(data, dict):
-        problems.add(number, "expected a JSON object")
-        return None
-    for key, value in data.items():
-        problem = entry.text_problem(key)
-        if problem is None:
-            problem = entry.value_problem(value, key, limits.MAX_PAYLOAD_DEPTH)
-        else:
-            problem = f"a key {problem}"
-        if problem is not None:
-            problems.add(number, problem)
-            return None
-    return data
-
-
 def parse_lines(
     numbered: Iterable[tuple[int, str | bytes]],
     now: datetime,
     allow: netpolicy.AllowList,
     seen: set[str],
-    problems: Problems,
+    problems: reminder_lines.Problems,
 ) -> list[Prepared]:
     """Validate lines without network access; bad ones go to ``problems``. ``seen`` holds
     the ids of earlier lines, across chunks of one file."""
     prepared: list[Prepared] = []
     for number, raw in numbered:
-        text = _decode(number, raw, problems)
+        text = reminder_lines.decode(number, raw, problems)
         if text is None:
             continue
-        data = _parse_json(number, text, problems)
+        data = reminder_lines.parse_json(number, text, problems)
         if data is None:
             continue
         try:
@@ -273,7 +179,7 @@ async def check_destinations(
     items: list[Prepared],
     allow: netpolicy.AllowList,
     verdicts: dict[tuple[str, int], str | None],
-    problems: Problems,
+    problems: reminder_lines.Problems,
 ) -> None:
     """Resolve each webhook host once per file (``verdicts`` caches it); refuse lines whose
     host resolves to a refused address. A name that does not resolve now is let through:
@@ -286,33 +192,6 @@ async def check_destinations(
             problems.add(item.number, f"destination refused ({problem})")
 
 
-def read_lines(stream: BinaryIO) -> Iterator[bytes]:
-    """The lines of a binary stream; a line longer than ``MAX_LINE_BYTES`` is cut to its
-    first ``MAX_LINE_BYTES + 1`` bytes (the rest is skipped, never held in memory), which
-    ``parse_lines`` refuses as too long."""
-    while line := stream.readline(MAX_LINE_BYTES + 1):
-        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-            while (rest := stream.readline(64 * 1024)) and not rest.endswith(b"\n"):
-                pass
-        yield line
-
-
-def _chunks(
-    numbered: Iterator[tuple[int, str | bytes]],
-) -> Iterator[list[tuple[int, str | bytes]]]:
-    """At most UPSERT_BATCH lines and about CHUNK_BYTES of text at a time."""
-    chunk: list[tuple[int, str | bytes]] = []
-    size = 0
-    for item in numbered:
-        chunk.append(item)
-        size += len(item[1])
-        if len(chunk) >= UPSERT_BATCH or size >= CHUNK_BYTES:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
 async def load(
     pool: asyncpg.Pool,
     lines: Iterable[str | bytes],
@@ -322,14 +201,14 @@ async def load(
     tally: edits.Tally | None = None,
 ) -> int:
     """Validate and upsert a whole file in one transaction; return the number of lines
-    (``tally``, if given, counts the schedule edits and what they skipped).
+    (``tally``, if given: the schedule edits, what they skipped, lines of erased reminders).
 
     ``lines`` are text, or bytes (decoded here as UTF-8, so an invalid byte is reported
     with its line). Lines are read, checked and written in chunks, so memory stays flat
     however long the file; the first bad line stops the writing (checking goes on, to
     report every bad line) and the transaction is rolled back: all or nothing.
     """
-    problems = Problems()
+    problems = reminder_lines.Problems()
     seen: set[str] = set()
     verdicts: dict[tuple[str, int], str | None] = {}
     loaded = 0
@@ -338,8 +217,9 @@ async def load(
         # One instant for the whole edit: first occurrences, schedule history, and which
         # admitted occurrences a changed schedule still owes (the database's clock).
         when: datetime = now or await conn.fetchval(db.q("db_now"))
-        for chunk in _chunks(enumerate(lines, start=1)):
+        for chunk in reminder_lines.chunks(enumerate(lines, start=1)):
             items = parse_lines(chunk, when, allow, seen, problems)
+            items = await edits.not_erased(conn, items, lambda p: p.line.id, tally)
             await check_destinations(items, allow, verdicts, problems)
             await _enter_destinations(conn, items, registration, problems)
             if not problems.count and items:
@@ -362,7 +242,7 @@ async def _enter_destinations(
     conn: destinations.Connection,
     items: list[Prepared],
     registration: destinations.Registration | None,
-    problems: Problems,
+    problems: reminder_lines.Problems,
 ) -> None:
     """Register the chunk's unknown webhook destinations, or refuse their lines when only
     registered ones may be named (``service.destinations.enter``)."""
@@ -375,9 +255,8 @@ async def _enter_destinations(
 
 
 def _destination(line: ReminderLine) -> str:
-    if line.channel != "webhook":
-        return line.destination
-    return destinations.normalise(line.destination)
+    webhook = line.channel == "webhook"
+    return destinations.normalise(line.destination) if webhook else line.destination
 
 
 def _columns(chunk: list[Prepared]) -> list[list[Any]]:

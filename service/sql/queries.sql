@@ -36,7 +36,8 @@ SELECT now();
 -- policy when it resumes); a changed payload bumps payload_version, which the consumer
 -- records on the attempt. Run by service/edits.py, which also keeps the schedule history
 -- and skips what a changed schedule no longer owes, in the same transaction. Whether it
--- is active, paused or cancelled is reminders_file_state's to say (run next, same tx).
+-- is active, paused or cancelled is reminders_file_state's to say (run next, same tx). An
+-- erased reminder (`relay erase`) is left as it is: a line never brings its recipient back.
 INSERT INTO reminders AS r (id, channel, destination, payload, schedule_kind, due_at, daily_at,
                             cron, timezone, missed_policy, stale_after, send_stale, urgent,
                             provider, active, next_due_at, event_type)
@@ -73,16 +74,24 @@ ON CONFLICT (id) DO UPDATE SET
              AND r.inactive_reason IS DISTINCT FROM 'cancelled'
         THEN r.next_due_at
         ELSE excluded.next_due_at END,
-    updated_at = now();
+    updated_at = now()
+WHERE r.inactive_reason IS DISTINCT FROM 'erased';
 
 -- name: lock_reminder_schedules
 -- A load's chunk: the schedules its reminders have now, locked in id order until the load
 -- commits, so no publish run admits an occurrence of a schedule being replaced (admission
 -- skips locked reminders) and the rows already admitted are all visible to the edit.
-SELECT id, schedule_kind, due_at, daily_at, cron, timezone FROM reminders
+-- Erased ones are named: the load leaves them as they are.
+SELECT id, schedule_kind, due_at, daily_at, cron, timezone,
+       inactive_reason IS NOT DISTINCT FROM 'erased' AS erased
+FROM reminders
 WHERE id = ANY($1::text[])
 ORDER BY id
 FOR UPDATE;
+
+-- name: reminders_erased
+-- Which of these reminders ($1) were erased (`relay erase`): a load leaves their lines out.
+SELECT id FROM reminders WHERE id = ANY($1::text[]) AND inactive_reason = 'erased';
 
 -- name: record_schedules
 -- The schedule history, after the upsert: reminders loaded for the first time ($1) start
@@ -124,6 +133,7 @@ ORDER BY id;
 -- cancels it; "active": true revives a cancelled one; without it a cancelled reminder stays
 -- cancelled (a re-load never undoes an operator's cancel). A webhook reminder whose
 -- destination is disabled is paused (`destinations enable` resumes it), whatever the line.
+-- An erased reminder stays erased, whatever the line.
 UPDATE reminders AS r SET active = s.reason IS NULL, inactive_reason = s.reason,
                           updated_at = now()
 FROM (
@@ -139,6 +149,7 @@ FROM (
            END AS reason
     FROM unnest($1::text[], $2::bool[]) AS t(id, wanted)
     JOIN reminders AS cur ON cur.id = t.id
+    WHERE cur.inactive_reason IS DISTINCT FROM 'erased'
 ) AS s
 WHERE r.id = s.id AND r.inactive_reason IS DISTINCT FROM s.reason;
 
@@ -159,9 +170,9 @@ FROM reminders WHERE id = $1;
 -- name: cancel_reminder
 -- An operator's cancel: no new occurrences; queued deliveries are skipped (cancelled) at
 -- send time. A reminder paused by its destination's disable is cancelled too, so enabling
--- the destination leaves it cancelled.
+-- the destination leaves it cancelled. An erased reminder stays erased.
 UPDATE reminders SET active = false, inactive_reason = 'cancelled', updated_at = now()
-WHERE id = $1 AND inactive_reason IS DISTINCT FROM 'cancelled'
+WHERE id = $1 AND (inactive_reason IS NULL OR inactive_reason NOT IN ('cancelled', 'erased'))
 RETURNING id;
 
 -- name: lock_due_reminders
@@ -556,7 +567,8 @@ SELECT count(*) FROM deliveries WHERE state IN ('queued', 'retrying', 'sending')
 
 -- name: runs_recent
 SELECT id, kind, status, intended_fire_at, started_at, finished_at, due_count, created_count,
-       skipped_count, published_count, rescued_count, failed_count, error, held_at
+       skipped_count, published_count, rescued_count, failed_count, error, held_at,
+       purged_counts
 FROM publish_runs
 WHERE ($1::bigint IS NULL OR id = $1) AND ($3::text IS NULL OR kind = $3)
   AND (NOT $4::bool OR created_count > 0)
@@ -576,10 +588,14 @@ ORDER BY id DESC LIMIT 1;
 
 -- name: run_state_counts
 SELECT run_id, state::text AS state, coalesce(skip_reason, '') AS skip_reason, count(*) AS n,
-       min(CASE WHEN state = 'pending' THEN created_at END) AS oldest_pending
+       min(CASE WHEN state = 'pending' THEN created_at END) AS oldest_pending,
+       count(*) FILTER (WHERE content_purged_at IS NOT NULL) AS content_purged
 FROM deliveries
 WHERE run_id = ANY($1::bigint[])
 GROUP BY run_id, state, skip_reason;
+
+-- name: run_purged_counts
+SELECT purged_counts FROM publish_runs WHERE id = $1;
 
 -- name: run_lateness
 -- How late each run's deliveries were: from the occurrence's due time to the receiver's
@@ -617,7 +633,8 @@ WHERE state IN ('pending', 'queued')
 SELECT d.id, d.reminder_id, d.channel, d.state::text AS state, d.last_status, d.last_error,
        d.next_attempt_at, d.skip_reason, d.attempts, d.occurrence_at,
        CASE WHEN d.state = 'accepted' THEN extract(epoch FROM now() - d.finished_at)::float8
-            END AS accepted_seconds
+            END AS accepted_seconds,
+       d.content_purged_at
 FROM deliveries AS d
 WHERE d.run_id = $1 AND d.state <> 'delivered'
 ORDER BY d.id
@@ -640,10 +657,11 @@ CREATE DATABASE {database};
 ---------------------------------------------------------------------------- replay
 
 -- name: replay_select
--- Ledger replay: one page of rows matching the operator's filters (NULL = any).
+-- Ledger replay: one page of rows matching the operator's filters (NULL = any). A row whose
+-- content retention purged is never replayed (its payload, or its replies, are gone).
 SELECT id, state::text AS state, urgent, reminder_id, idempotency_key, last_status
 FROM deliveries
-WHERE state = ANY($1::delivery_state[])
+WHERE state = ANY($1::delivery_state[]) AND content_purged_at IS NULL
   AND ($2::timestamptz IS NULL OR created_at >= $2)
   AND ($3::timestamptz IS NULL OR created_at < $3)
   AND ($4::bigint IS NULL OR run_id = $4)
@@ -658,11 +676,14 @@ LIMIT $11;
 
 -- name: reset_for_replay
 -- dead -> pending for another round of attempts; the attempt history stays, and the new
--- round's budget counts from here (round_start). Any other state is left alone. Locked in
--- id order, like every statement that locks several deliveries.
+-- round's budget counts from here (round_start). Any other state is left alone, and so
+-- is a row whose recipient was erased (`relay erase`: nothing to send it to) or whose
+-- content retention purged (`relay purge`: nothing to send). Locked in id order, like
+-- every statement that locks several deliveries.
 WITH locked AS (
     SELECT id FROM deliveries
-    WHERE id = ANY($1::bigint[]) AND state = 'dead'
+    WHERE id = ANY($1::bigint[]) AND state = 'dead' AND erased_at IS NULL
+      AND content_purged_at IS NULL
     ORDER BY id
     FOR UPDATE
 )
@@ -974,7 +995,8 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
            coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.last_status, d.last_error, d.skip_reason, d.run_id, d.created_at,
-       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at, d.event_id
+       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at, d.event_id,
+       d.content_purged_at
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 WHERE d.id = $1;
@@ -1075,11 +1097,13 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.lease_expires_at, d.last_status, d.last_error, d.receipt,
        d.skip_reason, d.run_id, d.created_at, d.published_at, d.first_attempt_at,
-       d.finished_at, d.dead_lettered_at, d.settled_at,
+       d.finished_at, d.dead_lettered_at, d.settled_at, d.rescued_at, d.republished_at,
+       d.republishes,
        coalesce(d.destination, r.destination) AS destination,
        r.schedule_kind, r.daily_at, r.cron, r.due_at, r.timezone, r.missed_policy,
        r.active AS reminder_active, r.next_due_at AS reminder_next_due_at,
-       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at, d.event_id
+       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at, d.event_id,
+       d.content_purged_at
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 LEFT JOIN publish_runs AS p ON p.id = d.run_id
@@ -1095,7 +1119,7 @@ FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt;
 -- paging with $9 (the last id of the previous page).
 SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.state::text AS state,
        d.attempts, d.last_status, d.last_error, d.skip_reason, d.run_id, d.occurrence_at,
-       d.created_at, d.finished_at
+       d.created_at, d.finished_at, d.content_purged_at
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 WHERE ($1::text[] IS NULL OR d.state::text = ANY($1::text[]))
@@ -1119,7 +1143,9 @@ WITH recent AS (
     ORDER BY id DESC
     LIMIT $1
 )
-SELECT r.*, c.owed, c.delivered, c.skipped, c.dead, c.open
+SELECT r.id, r.kind, r.status, r.intended_fire_at, r.started_at, r.finished_at, r.held_at,
+       r.created_count, c.owed + p.owed AS owed, c.delivered + p.delivered AS delivered,
+       c.skipped + p.skipped AS skipped, c.dead + p.dead AS dead, c.open, p.owed AS purged
 FROM recent AS r
 CROSS JOIN LATERAL (
     SELECT count(*) AS owed,
@@ -1130,6 +1156,18 @@ CROSS JOIN LATERAL (
                AS open
     FROM deliveries AS d WHERE d.run_id = r.id
 ) AS c
+-- Rows retention purged: counted from the run's record ('channel/state/reason' -> rows).
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(n.value::int), 0) AS owed,
+           coalesce(sum(n.value::int) FILTER (WHERE split_part(n.key, '/', 2) = 'delivered'), 0)
+               AS delivered,
+           coalesce(sum(n.value::int) FILTER (WHERE split_part(n.key, '/', 2) = 'skipped'), 0)
+               AS skipped,
+           coalesce(sum(n.value::int) FILTER (WHERE split_part(n.key, '/', 2) = 'dead'), 0)
+               AS dead
+    FROM publish_runs AS pr, jsonb_each_text(pr.purged_counts) AS n
+    WHERE pr.id = r.id
+) AS p
 ORDER BY r.id DESC;
 
 -- name: run_exists
@@ -1231,10 +1269,12 @@ WHERE coalesce(resumed_at, 'infinity'::timestamptz) > $1
 ORDER BY paused_at;
 
 -- name: backfill_reminders
+-- Never an erased reminder (`relay erase`): its recipient is gone.
 SELECT id, channel, provider, urgent, schedule_kind, due_at, daily_at, cron, timezone,
        missed_policy, next_due_at, active
 FROM reminders
-WHERE ($1::text IS NULL AND active) OR id = $1
+WHERE (($1::text IS NULL AND active) OR id = $1)
+  AND inactive_reason IS DISTINCT FROM 'erased'
 ORDER BY id;
 
 -- name: deliveries_by_keys
@@ -1259,15 +1299,18 @@ RETURNING d.id;
 
 -- name: reopen_paused
 -- Backfill: occurrences skipped because admission was paused are owed again, on purpose,
--- as rows of the backfill run. Any other row is left as it is.
+-- as rows of the backfill run. Any other row is left as it is (an erased one too).
 WITH locked AS (
     SELECT id FROM deliveries
     WHERE idempotency_key = ANY($1::text[]) AND state = 'skipped' AND skip_reason = 'paused'
+      AND erased_at IS NULL
     ORDER BY id
     FOR UPDATE
 )
 UPDATE deliveries AS d SET state = 'pending', skip_reason = NULL, finished_at = NULL,
-                           run_id = $2
+                           run_id = $2,
+                           -- a paused skip never had content of its own to purge
+                           content_purged_at = NULL
 FROM locked
 WHERE d.id = locked.id AND d.state = 'skipped'
 RETURNING d.id, d.urgent, d.state, d.occurrence_at;
@@ -1278,7 +1321,8 @@ SELECT d.id, d.reminder_id, d.idempotency_key, d.channel, d.state::text AS state
        d.last_status, d.last_error, d.next_attempt_at, d.skip_reason, d.attempts,
        d.occurrence_at,
        CASE WHEN d.state = 'accepted' THEN extract(epoch FROM now() - d.finished_at)::float8
-            END AS accepted_seconds
+            END AS accepted_seconds,
+       d.content_purged_at
 FROM deliveries AS d
 WHERE d.source = 'outbox' AND d.state <> 'delivered' AND d.event_id IS NULL
 ORDER BY d.id DESC
@@ -1389,13 +1433,14 @@ WHERE state = 'accepted' AND finished_at < now() - make_interval(secs => $1);
 
 -- name: suppression_from_receipt
 -- A receipt that says the address will not take messages (a hard bounce, a complaint, a
--- permanent SMS error) suppresses the destination of its delivery, unless it already is.
+-- permanent SMS error) suppresses the destination of its delivery, unless it already is
+-- (or the delivery's recipient was erased: it has no destination any more).
 INSERT INTO suppressions (channel, address, reason, detail, delivery_id, created_by)
 SELECT d.channel, suppression_address(d.channel, coalesce(d.destination, r.destination)),
        $2, left($3, 500), d.id, 'relay receipts'
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
-WHERE d.id = $1 AND d.channel IN ('email', 'sms')
+WHERE d.id = $1 AND d.channel IN ('email', 'sms') AND d.erased_at IS NULL
   AND coalesce(d.destination, r.destination) IS NOT NULL
 ON CONFLICT (channel, address) WHERE removed_at IS NULL DO NOTHING
 RETURNING id;
@@ -1549,6 +1594,7 @@ FROM event_subscriptions AS s
 JOIN destinations AS d ON d.url = s.url
 JOIN events AS e ON event_pattern_matches(s.pattern, e.event_type)
 WHERE s.url = $1 AND s.pattern = $2 AND e.created_at >= $3 AND e.created_at < $4
+  AND e.content_purged_at IS NULL  -- refused before the retention horizon; never sent empty
   AND event_filter_matches(s.filter, e.payload)
 ORDER BY e.id
 ON CONFLICT (idempotency_key) DO NOTHING
@@ -1595,9 +1641,601 @@ LIMIT $1;
 SELECT e.id AS event_id, e.key AS event_key, e.event_type, e.created_at AS event_at,
        d.id, d.idempotency_key, d.reminder_id, d.channel, d.destination,
        d.state::text AS state, d.last_status, d.last_error, d.next_attempt_at, d.skip_reason,
-       d.attempts, d.occurrence_at
+       d.attempts, d.occurrence_at, d.content_purged_at
 FROM deliveries AS d
 JOIN events AS e ON e.id = d.event_id
 WHERE d.event_id IS NOT NULL AND d.state <> 'delivered'
 ORDER BY d.event_id DESC, d.id
 LIMIT $1;
+
+---------------------------------------------------------------------------- retention
+-- `relay purge` (service/purge.py). Each step picks candidates without a lock (the same
+-- pick counts a dry run), then changes them in one short transaction that locks them
+-- (SKIP LOCKED: a row someone holds is left for the next run) and checks again what the
+-- pick checked: a guarded statement, like every transition. A cutoff that is NULL means
+-- "never": a comparison with it is never true.
+
+-- name: purge_lock
+-- One purge at a time (a session lock: a killed purge's ends with its connection).
+SELECT pg_try_advisory_lock(72177027);
+
+-- name: purge_unlock
+SELECT pg_advisory_unlock(72177027);
+
+-- name: purge_runs_interrupted
+-- Runs still 'running' when a purge holds the lock were killed before they finished.
+UPDATE purge_runs SET status = 'interrupted', finished_at = now(),
+                      error = 'ended before it finished (killed, or its database went away)'
+WHERE status = 'running';
+
+-- name: purge_run_start
+INSERT INTO purge_runs (as_of, policy, host) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: purge_run_progress
+-- One batch's counts ($2 'table/kind' -> $3 rows), in that batch's transaction.
+UPDATE purge_runs AS p
+SET batches = p.batches + 1,
+    counts = p.counts || (
+        SELECT coalesce(jsonb_object_agg(t.k, coalesce((p.counts ->> t.k)::bigint, 0) + t.n),
+                        '{}')
+        FROM unnest($2::text[], $3::bigint[]) AS t(k, n))
+WHERE p.id = $1;
+
+-- name: purge_totals_add
+-- The counter behind relay_purge_rows_total: $1 tables, $2 kinds, $3 rows (one per pair).
+INSERT INTO purge_totals (table_name, kind, rows)
+SELECT t, k, n FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(t, k, n) WHERE n > 0
+ON CONFLICT (table_name, kind) DO UPDATE SET rows = purge_totals.rows + excluded.rows;
+
+-- name: purge_run_finish
+UPDATE purge_runs SET status = $2, finished_at = now(), error = $3
+WHERE id = $1 AND status = 'running';
+
+-- name: purge_horizon_rows
+-- Raised before any delivery row older than $1 is deleted; never lowered.
+UPDATE retention_horizon
+SET rows_purged_before = greatest(coalesce(rows_purged_before, '-infinity'), $1);
+
+-- name: purge_horizon_event_content
+UPDATE retention_horizon
+SET event_content_purged_before = greatest(coalesce(event_content_purged_before, '-infinity'), $1);
+
+-- name: purge_content_pick
+-- Final deliveries of channel $1 whose content is kept and is due to go: ended before $2
+-- (a dead one before $3), after the keyset ($4 finished_at, $5 id); $6 at most.
+SELECT id, finished_at FROM deliveries
+WHERE channel = $1 AND finished_at IS NOT NULL AND content_purged_at IS NULL
+  AND finished_at < $2 AND (state <> 'dead' OR finished_at < $3)
+  AND (finished_at, id) > ($4::timestamptz, $5::bigint)
+ORDER BY finished_at, id
+LIMIT $6;
+
+-- name: purge_content_excerpts
+-- How many reply excerpts purging the content of deliveries $1 clears (a dry run's count).
+SELECT count(*) FROM delivery_attempts
+WHERE delivery_id = ANY($1::bigint[]) AND response_excerpt IS NOT NULL;
+
+-- name: purge_content_apply
+-- Purge the content of deliveries $1 still due to (as purge_content_pick): the payload, an
+-- e-mail's or SMS's recipient, every reply excerpt. Returns how many of each.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE id = ANY($1::bigint[]) AND finished_at IS NOT NULL AND content_purged_at IS NULL
+      AND finished_at < $2 AND (state <> 'dead' OR finished_at < $3)
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), excerpts AS (
+    UPDATE delivery_attempts AS a SET response_excerpt = NULL
+    FROM locked
+    WHERE a.delivery_id = locked.id AND a.response_excerpt IS NOT NULL
+    RETURNING 1
+), purged AS (
+    UPDATE deliveries AS d
+    SET content_purged_at = now(), payload = NULL,
+        destination = CASE WHEN d.channel IN ('email', 'sms') THEN NULL ELSE d.destination END
+    FROM locked
+    WHERE d.id = locked.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM purged) AS deliveries, (SELECT count(*) FROM excerpts) AS excerpts;
+
+-- name: purge_event_content_pick
+-- Events whose payload is due to go: created before $1, after the keyset ($2, $3); $4 at most.
+SELECT id, created_at FROM events
+WHERE content_purged_at IS NULL AND created_at < $1
+  AND (created_at, id) > ($2::timestamptz, $3::bigint)
+ORDER BY created_at, id
+LIMIT $4;
+
+-- name: purge_event_content_apply
+WITH locked AS (
+    SELECT id FROM events
+    WHERE id = ANY($1::bigint[]) AND content_purged_at IS NULL AND created_at < $2
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE events AS e SET payload = NULL, content_purged_at = now()
+FROM locked WHERE e.id = locked.id
+RETURNING e.id;
+
+-- name: purge_rows_pick
+-- Final deliveries of channel $1 whose row is due to go: ended before $2 (a dead one before
+-- $3), after the keyset ($4, $5), and not the evidence of a suppression still kept (in
+-- force, or lifted after the audit cutoff $6); $7 at most.
+SELECT d.id, d.finished_at FROM deliveries AS d
+WHERE d.channel = $1 AND d.finished_at IS NOT NULL
+  AND d.finished_at < $2 AND (d.state <> 'dead' OR d.finished_at < $3)
+  AND (d.finished_at, d.id) > ($4::timestamptz, $5::bigint)
+  AND NOT EXISTS (SELECT 1 FROM suppressions AS s
+                  WHERE s.delivery_id = d.id
+                    AND (s.removed_at IS NULL OR $6::timestamptz IS NULL OR s.removed_at >= $6))
+ORDER BY d.finished_at, d.id
+LIMIT $7;
+
+-- name: purge_rows_lock
+-- Lock the deliveries of $1 still due to go (as purge_rows_pick, $2 $3 $4 its cutoffs).
+SELECT d.id FROM deliveries AS d
+WHERE d.id = ANY($1::bigint[]) AND d.finished_at IS NOT NULL
+  AND d.finished_at < $2 AND (d.state <> 'dead' OR d.finished_at < $3)
+  AND NOT EXISTS (SELECT 1 FROM suppressions AS s
+                  WHERE s.delivery_id = d.id
+                    AND (s.removed_at IS NULL OR $4::timestamptz IS NULL OR s.removed_at >= $4))
+ORDER BY d.id
+FOR UPDATE SKIP LOCKED;
+
+-- name: purge_rows_children_count
+-- What deleting deliveries $1 deletes with them, table by table (a dry run's count).
+SELECT (SELECT count(*) FROM delivery_attempts WHERE delivery_id = ANY($1::bigint[]))
+           AS delivery_attempts,
+       (SELECT count(*) FROM receipts WHERE delivery_id = ANY($1::bigint[])) AS receipts,
+       (SELECT count(*) FROM reconciliations WHERE delivery_id = ANY($1::bigint[]))
+           AS reconciliations;
+
+-- name: purge_rows_children
+-- Children first: every row that names deliveries $1 (locked by purge_rows_lock).
+WITH a AS (DELETE FROM delivery_attempts WHERE delivery_id = ANY($1::bigint[]) RETURNING 1),
+     r AS (DELETE FROM receipts WHERE delivery_id = ANY($1::bigint[]) RETURNING 1),
+     c AS (DELETE FROM reconciliations WHERE delivery_id = ANY($1::bigint[]) RETURNING 1)
+SELECT (SELECT count(*) FROM a) AS delivery_attempts, (SELECT count(*) FROM r) AS receipts,
+       (SELECT count(*) FROM c) AS reconciliations;
+
+-- name: purge_rows_run_counts
+-- Before deliveries $1 go, their runs keep what became of them ('channel/state/skip
+-- reason' -> rows), so the run report still counts them.
+UPDATE publish_runs AS p SET purged_counts = p.purged_counts || m.counts
+FROM (
+    SELECT c.run_id,
+           jsonb_object_agg(c.key, coalesce((r.purged_counts ->> c.key)::int, 0) + c.n) AS counts
+    FROM (SELECT run_id,
+                 channel || '/' || state::text || '/' || coalesce(skip_reason, '') AS key,
+                 count(*)::int AS n
+          FROM deliveries
+          WHERE id = ANY($1::bigint[]) AND run_id IS NOT NULL
+          GROUP BY run_id, key) AS c
+    JOIN publish_runs AS r ON r.id = c.run_id
+    GROUP BY c.run_id
+) AS m
+WHERE p.id = m.run_id;
+
+-- name: purge_rows_delete
+-- The deliveries themselves (final only, whatever a caller passes).
+DELETE FROM deliveries WHERE id = ANY($1::bigint[]) AND finished_at IS NOT NULL
+RETURNING channel;
+
+-- name: purge_events_pick
+-- Events created before $1 that no delivery names any more, after the keyset ($2, $3).
+SELECT e.id, e.created_at FROM events AS e
+WHERE e.created_at < $1 AND (e.created_at, e.id) > ($2::timestamptz, $3::bigint)
+  AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.event_id = e.id)
+ORDER BY e.created_at, e.id
+LIMIT $4;
+
+-- name: purge_events_delete
+WITH locked AS (
+    SELECT e.id FROM events AS e
+    WHERE e.id = ANY($1::bigint[]) AND e.created_at < $2
+      AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.event_id = e.id)
+    ORDER BY e.id
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM events AS e USING locked WHERE e.id = locked.id RETURNING e.id;
+
+-- name: purge_runs_pick
+-- Publish runs that finished before $1 and have no delivery left, nor a run action kept
+-- (one after the audit cutoff $4; NULL: every one is kept), after the keyset ($2, $3).
+SELECT p.id, p.finished_at FROM publish_runs AS p
+WHERE p.finished_at < $1 AND (p.finished_at, p.id) > ($2::timestamptz, $3::bigint)
+  AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.run_id = p.id)
+  AND NOT EXISTS (SELECT 1 FROM run_actions AS a
+                  WHERE a.run_id = p.id AND ($4::timestamptz IS NULL OR a.at >= $4))
+ORDER BY p.finished_at, p.id
+LIMIT $5;
+
+-- name: purge_runs_delete
+-- (Run actions past the audit period went first, in the audit step.)
+WITH locked AS (
+    SELECT p.id FROM publish_runs AS p
+    WHERE p.id = ANY($1::bigint[]) AND p.finished_at < $2
+      AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.run_id = p.id)
+      AND NOT EXISTS (SELECT 1 FROM run_actions AS a WHERE a.run_id = p.id)
+    ORDER BY p.id
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM publish_runs AS p USING locked WHERE p.id = locked.id RETURNING p.id;
+
+-- name: purge_audit_count
+-- The audit trail due to go before $1, table by table (a dry run's count; the predicates
+-- are those of the purge_audit_* deletes below).
+SELECT (SELECT count(*) FROM run_actions AS a WHERE a.at < $1
+          AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.stop_action_id = a.id))
+           AS run_actions,
+       (SELECT count(*) FROM destination_actions WHERE at < $1) AS destination_actions,
+       (SELECT count(*) FROM replays WHERE started_at < $1) AS replays,
+       (SELECT count(*) FROM console_reveals WHERE at < $1) AS console_reveals,
+       (SELECT count(*) FROM console_sessions WHERE expires_at < $1) AS console_sessions,
+       (SELECT count(*) FROM admission_pauses WHERE resumed_at < $1) AS admission_pauses,
+       (SELECT count(*) FROM suppressions WHERE removed_at < $1) AS suppressions,
+       (SELECT count(*) FROM purge_runs WHERE finished_at < $1) AS purge_runs;
+
+-- name: purge_audit_run_actions
+-- Run actions before $1, $2 at most; never one an open delivery still names (a stop).
+DELETE FROM run_actions WHERE id IN (
+    SELECT a.id FROM run_actions AS a
+    WHERE a.at < $1
+      AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.stop_action_id = a.id)
+    ORDER BY a.id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_destination_actions
+DELETE FROM destination_actions WHERE id IN (
+    SELECT id FROM destination_actions WHERE at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_replays
+-- Replays and drops of dead letters (the dead-letter audit), by when they started.
+DELETE FROM replays WHERE id IN (
+    SELECT id FROM replays WHERE started_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_console_reveals
+DELETE FROM console_reveals WHERE id IN (
+    SELECT id FROM console_reveals WHERE at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_console_sessions
+-- Sessions that ended (expired) before $1: a live one is never touched.
+DELETE FROM console_sessions WHERE id IN (
+    SELECT id FROM console_sessions WHERE expires_at < $1
+    ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_admission_pauses
+-- Pause windows closed before $1 (the open one, if any, stays).
+DELETE FROM admission_pauses WHERE id IN (
+    SELECT id FROM admission_pauses WHERE resumed_at < $1
+    ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_suppressions
+-- Suppressions an operator lifted before $1 (one in force is never touched).
+DELETE FROM suppressions WHERE id IN (
+    SELECT id FROM suppressions WHERE removed_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_purge_runs
+-- Purge runs that finished before $1 (the running one has no finished_at).
+DELETE FROM purge_runs WHERE id IN (
+    SELECT id FROM purge_runs WHERE finished_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: retention_horizon
+SELECT rows_purged_before, event_content_purged_before FROM retention_horizon;
+
+-- name: retention_last_purge
+-- When the newest purge run finished whole; before the first, when retention was installed.
+SELECT coalesce((SELECT finished_at FROM purge_runs WHERE status = 'ok'
+                 ORDER BY finished_at DESC LIMIT 1),
+                (SELECT installed_at FROM retention_horizon));
+
+-- name: retention_oldest_final
+-- Per channel, the age of the oldest final delivery kept and of the oldest still holding
+-- its content (two index reads each: deliveries_final_idx, deliveries_content_kept_idx).
+SELECT c.channel,
+       extract(epoch FROM now() - (
+           SELECT finished_at FROM deliveries
+           WHERE channel = c.channel AND finished_at IS NOT NULL
+           ORDER BY finished_at LIMIT 1))::float8 AS final_seconds,
+       extract(epoch FROM now() - (
+           SELECT finished_at FROM deliveries
+           WHERE channel = c.channel AND finished_at IS NOT NULL AND content_purged_at IS NULL
+           ORDER BY finished_at LIMIT 1))::float8 AS content_seconds
+FROM (VALUES ('webhook'), ('email'), ('sms')) AS c(channel);
+
+-- name: retention_purge_totals
+SELECT table_name, kind, rows FROM purge_totals;
+
+---------------------------------------------------------------------------- erasure
+-- `relay erase` (service/erasure.py): one recipient's data, table by table, in one
+-- transaction (rolled back for a dry run). Which column gets what, and why: the list in
+-- service/erasure_columns.py. Parameters: $1 the channel, $2 the recipient's stored
+-- spellings (exact values), $3 its reminders' ids; a scrub's $1 is the mention pattern.
+
+-- name: erase_spellings
+-- Every stored value that may be the recipient (the address lower-cased, or a URL's scheme
+-- and host, $2): the caller keeps those whose normalised form is the recipient's.
+SELECT destination AS stored FROM reminders
+WHERE channel = $1 AND starts_with(lower(destination), $2)
+UNION
+SELECT destination FROM deliveries
+WHERE channel = $1 AND destination IS NOT NULL AND starts_with(lower(destination), $2)
+UNION
+SELECT address FROM suppressions WHERE channel = $1 AND starts_with(lower(address), $2)
+UNION
+SELECT url FROM destinations WHERE $1 = 'webhook' AND starts_with(lower(url), $2);
+
+-- name: erase_reminders_of
+-- The recipient's reminders not erased yet, locked in id order first (as a load locks
+-- them), so no publish run admits for them meanwhile and no load edits them.
+SELECT id FROM reminders
+WHERE channel = $1 AND destination = ANY($2::text[])
+  AND inactive_reason IS DISTINCT FROM 'erased'
+ORDER BY id
+FOR UPDATE;
+
+-- name: erase_in_flight
+-- The recipient's deliveries not final, locked in id order: a consumer's claim waits for
+-- the erasure and then finds them skipped. One in 'sending' is in flight: the erasure is
+-- refused (its request may be on the wire; its outcome is still to be written).
+SELECT id, state::text AS state, lease_expires_at FROM deliveries
+WHERE ((channel = $1 AND destination = ANY($2::text[]))
+       OR (source = 'schedule' AND destination IS NULL AND reminder_id = ANY($3::text[])))
+  AND erased_at IS NULL AND state IN ('pending', 'queued', 'sending', 'retrying')
+ORDER BY id
+FOR UPDATE;
+
+-- name: erase_reminders
+-- The recipient's reminders become tombstones: id and schedule kept, no destination, no
+-- payload, inactive for good ('erased'), nothing more to fire.
+WITH changed AS (
+    UPDATE reminders SET destination = 'erased', payload = '{}'::jsonb, active = false,
+                         inactive_reason = 'erased', next_due_at = NULL, updated_at = now()
+    WHERE id = ANY($1::text[]) AND inactive_reason IS DISTINCT FROM 'erased'
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_deliveries
+-- The recipient's deliveries (its own destination, or its reminders' rows, which read the
+-- reminder's): those not sent yet -> skipped ('erased'); every one loses its destination,
+-- payload, last error and receipt (an outbox row keeps the placeholders its CHECK needs)
+-- and is stamped erased. A row claimed meanwhile is left out (the caller then refuses).
+WITH mine AS (
+    SELECT id, state FROM deliveries
+    WHERE ((channel = $1 AND destination = ANY($2::text[]))
+           OR (source = 'schedule' AND destination IS NULL AND reminder_id = ANY($3::text[])))
+      AND erased_at IS NULL AND state <> 'sending'
+    ORDER BY id
+    FOR UPDATE
+), changed AS (
+    UPDATE deliveries AS d SET
+        state = CASE WHEN m.open THEN 'skipped'::delivery_state ELSE d.state END,
+        skip_reason = CASE WHEN m.open THEN 'erased' ELSE d.skip_reason END,
+        finished_at = CASE WHEN m.open THEN now() ELSE d.finished_at END,
+        next_attempt_at = NULL,
+        stop_action_id = CASE WHEN m.open THEN NULL ELSE d.stop_action_id END,
+        -- A row whose content retention purged already has no payload (and an e-mail or
+        -- SMS no destination): it stays without (deliveries_outbox_content).
+        destination = CASE WHEN d.source = 'outbox'
+                                AND (d.content_purged_at IS NULL OR d.channel = 'webhook')
+                           THEN 'erased' END,
+        payload = CASE WHEN d.source = 'outbox' AND d.content_purged_at IS NULL
+                       THEN '{}'::jsonb END,
+        last_error = NULL, receipt = NULL, erased_at = now()
+    FROM (SELECT id, state, state IN ('pending', 'queued', 'retrying') AS open FROM mine) AS m
+    WHERE d.id = m.id AND d.state = m.state
+    RETURNING d.id, m.open
+)
+SELECT id, open FROM changed;
+
+-- name: erase_attempts
+-- The attempts of the recipient's deliveries ($1): no reply excerpt, no error text (a
+-- provider's answer may echo the address). Outcome, status, times and message id stay.
+WITH changed AS (
+    UPDATE delivery_attempts SET response_excerpt = NULL, error = NULL
+    WHERE delivery_id = ANY($1::bigint[])
+      AND (response_excerpt IS NOT NULL OR error IS NOT NULL)
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_receipts
+-- The receipts of the recipient's deliveries ($1): deleted (append-only: never rewritten).
+WITH gone AS (DELETE FROM receipts WHERE delivery_id = ANY($1::bigint[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_reconciliations
+WITH changed AS (
+    UPDATE reconciliations SET error = NULL, provider_status = NULL
+    WHERE delivery_id = ANY($1::bigint[])
+      AND (error IS NOT NULL OR provider_status IS NOT NULL)
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_suppressions
+-- The recipient's suppressions, lifted or in force: the address is the row.
+WITH gone AS (
+    DELETE FROM suppressions WHERE channel = $1 AND address = ANY($2::text[]) RETURNING 1
+)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_event_subscriptions
+WITH gone AS (DELETE FROM event_subscriptions WHERE url = ANY($1::text[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_destination_actions
+WITH gone AS (DELETE FROM destination_actions WHERE url = ANY($1::text[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_destination_secrets
+WITH gone AS (DELETE FROM destination_secrets WHERE url = ANY($1::text[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_destinations
+-- The registry's row of the recipient's URL (after what references it, above).
+WITH gone AS (DELETE FROM destinations WHERE url = ANY($1::text[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_scrub_reminders
+-- Mentions ($1, case-insensitive) in other reminders' payloads -> '[erased]'.
+WITH hit AS (
+    SELECT id FROM reminders WHERE payload::text ~* $1 ORDER BY id FOR UPDATE
+), changed AS (
+    UPDATE reminders AS r SET payload = regexp_replace(r.payload::text, $1, '[erased]', 'gi')::jsonb
+    FROM hit WHERE r.id = hit.id
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_deliveries
+-- Mentions in any delivery's payload (an event's copy), last error or receipt; locked in
+-- id order, as every statement that locks several deliveries.
+WITH hit AS (
+    SELECT id FROM deliveries
+    WHERE payload::text ~* $1 OR last_error ~* $1 OR receipt ~* $1
+    ORDER BY id
+    FOR UPDATE
+), changed AS (
+    UPDATE deliveries AS d SET
+        payload = CASE WHEN d.payload::text ~* $1
+                       THEN regexp_replace(d.payload::text, $1, '[erased]', 'gi')::jsonb
+                       ELSE d.payload END,
+        last_error = left(regexp_replace(d.last_error, $1, '[erased]', 'gi'), 500),
+        receipt = left(regexp_replace(d.receipt, $1, '[erased]', 'gi'), 500)
+    FROM hit WHERE d.id = hit.id
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_attempts
+WITH changed AS (
+    UPDATE delivery_attempts SET
+        response_excerpt = left(regexp_replace(response_excerpt, $1, '[erased]', 'gi'), 1000),
+        error = left(regexp_replace(error, $1, '[erased]', 'gi'), 500)
+    WHERE response_excerpt ~* $1 OR error ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_suppressions
+WITH changed AS (
+    UPDATE suppressions SET
+        detail = left(regexp_replace(detail, $1, '[erased]', 'gi'), 500),
+        removed_reason = left(regexp_replace(removed_reason, $1, '[erased]', 'gi'), 500)
+    WHERE detail ~* $1 OR removed_reason ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_destinations
+WITH changed AS (
+    UPDATE destinations SET
+        disabled_reason = left(regexp_replace(disabled_reason, $1, '[erased]', 'gi'), 500)
+    WHERE disabled_reason ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_destination_actions
+WITH changed AS (
+    UPDATE destination_actions SET
+        reason = left(regexp_replace(reason, $1, '[erased]', 'gi'), 500)
+    WHERE reason ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_event_subscriptions
+WITH changed AS (
+    UPDATE event_subscriptions SET
+        filter = regexp_replace(filter::text, $1, '[erased]', 'gi')::jsonb
+    WHERE filter::text ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_events
+WITH changed AS (
+    UPDATE events SET payload = regexp_replace(payload::text, $1, '[erased]', 'gi')::jsonb
+    WHERE payload::text ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_event_types
+WITH changed AS (
+    UPDATE event_types SET
+        description = left(regexp_replace(description, $1, '[erased]', 'gi'), 500),
+        schema = CASE WHEN schema::text ~* $1
+                      THEN regexp_replace(schema::text, $1, '[erased]', 'gi')::jsonb
+                      ELSE schema END
+    WHERE description ~* $1 OR schema::text ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_publish_runs
+WITH changed AS (
+    UPDATE publish_runs SET error = regexp_replace(error, $1, '[erased]', 'gi')
+    WHERE error ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_run_actions
+WITH changed AS (
+    UPDATE run_actions SET reason = left(regexp_replace(reason, $1, '[erased]', 'gi'), 500)
+    WHERE reason ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_replays
+WITH changed AS (
+    UPDATE replays SET filters = regexp_replace(filters::text, $1, '[erased]', 'gi')::jsonb
+    WHERE filters::text ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_console_reveals
+WITH changed AS (
+    UPDATE console_reveals SET page = left(regexp_replace(page, $1, '[erased]', 'gi'), 300)
+    WHERE page ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_left_unerased
+-- After every step: the recipient's deliveries still not erased (claimed while the
+-- erasure ran: a row admitted or added meanwhile). Any: the caller refuses, rolling back.
+SELECT id, state::text AS state, lease_expires_at FROM deliveries
+WHERE ((channel = $1 AND destination = ANY($2::text[]))
+       OR (source = 'schedule' AND destination IS NULL AND reminder_id = ANY($3::text[])))
+  AND erased_at IS NULL
+ORDER BY id;
+
+-- name: erase_no_deadline
+-- An erasure reads whole tables (the scrubs): no statement deadline in its transaction.
+SET LOCAL statement_timeout = 0;
+
+-- name: erasure_record
+INSERT INTO erasures (channel, recipient_ref, operator, reason, counts)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING id, at;
+
+-- name: erasures_of
+-- Earlier erasures of the same recipient (its keyed hash), oldest first.
+SELECT id, channel, operator, reason, counts, at FROM erasures
+WHERE recipient_ref = $1
+ORDER BY id;

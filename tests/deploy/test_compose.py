@@ -17,7 +17,7 @@ import yaml
 from consumer import build as consumer_build
 from service import netpolicy, settings
 from service.ops import partner as partner_mod
-from service.ops import reminders
+from service.ops import reminder_lines, reminders
 from tests.deploy import support
 from tests.deploy.support import COMPOSE, REPO
 
@@ -71,6 +71,8 @@ def test_compose_config_is_valid() -> None:
             str(COMPOSE),
             "--profile",
             "tools",
+            "--profile",
+            "purge",
             "config",
             "--format",
             "json",
@@ -212,7 +214,7 @@ def test_allow_list_admits_exactly_the_partner() -> None:
 def test_example_reminders_load_against_the_stack() -> None:
     allow = netpolicy.parse_networks(environment(services()["consumer"])["RELAY_ALLOW_NETWORKS"])
     path = REPO / "deploy" / "compose" / "reminders.example.jsonl"
-    problems = reminders.Problems()
+    problems = reminder_lines.Problems()
     with path.open(encoding="utf-8") as fh:
         prepared = reminders.parse_lines(
             enumerate(fh, start=1), datetime.now(UTC), allow, set(), problems

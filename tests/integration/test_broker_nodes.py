@@ -8,7 +8,7 @@ import aio_pika
 import pytest
 from pydantic import SecretStr
 
-from service import amqp, errors
+from service import amqp, errors, publishing
 from service.settings import Settings
 from tests.support import broker
 from tests.support.nodes import free_port
@@ -50,7 +50,7 @@ async def test_queues_declared_with_another_group_size_are_kept_and_usable(
 ) -> None:
     await broker.declare(settings)  # no group size: the broker's default
     resized = settings.model_copy(update={"amqp_quorum_group_size": 1})
-    connection, publisher = await amqp.open_publisher(resized, "relay-test")
+    connection, publisher = await publishing.open_publisher(resized, "relay-test")
     try:
         await publisher.publish_delivery(7, urgent=False)
     finally:
@@ -70,13 +70,13 @@ async def test_queues_declared_with_another_group_size_are_kept_and_usable(
 
 async def test_a_new_namespace_takes_the_group_size(settings: Settings) -> None:
     sized = settings.model_copy(update={"amqp_quorum_group_size": 1})
-    connection, publisher = await amqp.open_publisher(sized, "relay-test")
+    connection, publisher = await publishing.open_publisher(sized, "relay-test")
     try:
         await publisher.publish_delivery(8, urgent=True)
     finally:
         await amqp.close_connection(connection, 5)
     # Declared again with the same argument: accepted as it is (no precondition failure).
-    again, _ = await amqp.open_publisher(sized, "relay-test")
+    again, _ = await publishing.open_publisher(sized, "relay-test")
     await amqp.close_connection(again, 5)
     assert (
         await broker.count(sized, [amqp.Topology.from_settings(sized).lane_queue(amqp.URGENT)]) == 1

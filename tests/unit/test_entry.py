@@ -15,7 +15,7 @@ from consumer.channels import email, http, sms, webhook
 from consumer.channels.base import OutcomeKind, SendRequest
 from service import entry, ledger, limits, netpolicy
 from service.ledger import admission
-from service.ops import reminders
+from service.ops import reminder_lines, reminders
 
 LOOPBACK = netpolicy.parse_networks("127.0.0.0/8")
 
@@ -227,7 +227,7 @@ _FIELDS = st.fixed_dictionaries(
 @settings(max_examples=300, deadline=None)
 @given(line=_FIELDS.map(json.dumps) | st.text() | st.binary())
 def test_any_line_is_loaded_or_reported_never_raised(line: str | bytes) -> None:
-    problems = reminders.Problems()
+    problems = reminder_lines.Problems()
     now = datetime(2030, 1, 1, tzinfo=UTC)
     reminders.parse_lines([(1, line)], now, LOOPBACK, set(), problems)
     assert problems.count <= 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,6 +28,8 @@ from service import (
     destination_switch,
     errors,
     logs,
+    publishing,
+    signals,
     telemetry,
 )
 from service.clock import Clock, SystemClock
@@ -43,7 +44,7 @@ _CLOSE_SECONDS = 5.0
 
 def make_replay(
     pool: asyncpg.Pool,
-    publisher: amqp.ConfirmedPublisher,
+    publisher: publishing.ConfirmedPublisher,
     connection: AbstractConnection,
     topology: amqp.Topology,
     metrics: telemetry.Metrics,
@@ -137,7 +138,7 @@ async def serving(
             open_reads=settings.console_open_reads,
             proxy_hops=settings.console_proxy_hops,
         )
-        connection, publisher = await amqp.open_publisher(settings, "relay-console")
+        connection, publisher = await publishing.open_publisher(settings, "relay-console")
         stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
         topology = amqp.Topology.from_settings(settings)
         replay = make_replay(pool, publisher, connection, topology, telem.metrics)
@@ -185,17 +186,11 @@ def _port(runner: web.AppRunner) -> int:
 async def main(args: argparse.Namespace, settings: Settings) -> int:
     """``relay console``: serve until SIGTERM or SIGINT."""
     known = load_operators(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    async with serving(settings, known) as (_, port):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:  # one exit path, in reverse order
+        _, port = await stack.enter_async_context(serving(settings, known))
+        stop = stack.enter_context(signals.stopping_on_signals(asyncio.Event()))
         url = f"http://{settings.console_host}:{port}/"
         print(f"relay console: {url} (log in with your name and your token)", flush=True)
         log.info("console listening", extra={"event": "console_listening", "port": port})
-        try:
-            await stop.wait()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+        await stop.wait()
     return errors.ExitCode.OK
