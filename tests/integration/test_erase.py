@@ -17,7 +17,8 @@ from urllib.parse import quote
 import asyncpg
 import pytest
 
-from service import ledger, outbox
+from service import outbox
+from service.ledger import sending
 from service.ops.console import data as console_data
 from service.ops.console import refs
 from service.settings import Settings
@@ -203,7 +204,7 @@ async def test_a_delivery_in_flight_refuses_the_erasure_and_nothing_changes(
     await es.ok(settings, "publish")  # queued: no consumer runs
     ids = [r["id"] for r in await pool.fetch("SELECT id FROM deliveries ORDER BY id")]
     async with pool.acquire() as conn:
-        claimed, _ = await ledger.claim(conn, ids[:1], lease_seconds=60)
+        claimed, _ = await sending.claim(conn, ids[:1], lease_seconds=60)
     assert list(claimed) == ids[:1]
     await refs.load(pool)  # the deployment's key exists (the first console or erase makes it)
     before = await es.dump(pool)
@@ -216,7 +217,7 @@ async def test_a_delivery_in_flight_refuses_the_erasure_and_nothing_changes(
     assert await es.dump(pool) == before
     # Its claim ends without a request: the erasure goes through, and the consumer that
     # takes the messages finds the rows erased and sends nothing.
-    assert await ledger.release(pool, ids[0], claimed[ids[0]].attempts, None)
+    assert await sending.release(pool, ids[0], claimed[ids[0]].attempts, None)
     done = await es.erase(settings, "--recipient", url, "--reason", "R", "--apply")
     assert done["counts"]["deliveries"] == {"erased": 2, "skipped": 2}
     async with rs.consumer_in_process(settings) as consumer:

@@ -17,7 +17,6 @@ from typing import Any
 import asyncpg
 
 from service import (
-    admission,
     destinations,
     events,
     ledger,
@@ -29,7 +28,7 @@ from service import (
     suppressions,
 )
 from service.db import q
-from service.ledger import Attempt, Completion, State
+from service.ledger import Attempt, Completion, State, admission, publish_runs, replays, sending
 from service.receipt_events import ReceiptEvent
 from tests.support import relay as rs
 
@@ -125,8 +124,8 @@ async def seed(pool: asyncpg.Pool) -> Seeded:
 
 
 async def _run(conn: ledger.Connection, finished: datetime) -> int:
-    started = await runs.start(conn, "publish", finished, "seed")
-    await runs.finish(conn, started.run_id, "ok", due=0, created=0, skipped=0, published=0,
+    started = await publish_runs.start(conn, "publish", finished, "seed")
+    await publish_runs.finish(conn, started.run_id, "ok", due=0, created=0, skipped=0, published=0,
                       rescued=0, failed=0, error=None)  # fmt: skip
     await conn.execute(
         "UPDATE publish_runs SET intended_fire_at = $2, started_at = $2, finished_at = $2"
@@ -192,7 +191,7 @@ async def _insert(conn: ledger.Connection, spec: Spec, seeded: Seeded, now: date
 async def _delivery(conn: ledger.Connection, spec: Spec, seeded: Seeded, now: datetime) -> int:
     delivery_id = await _insert(conn, spec, seeded, now)
     if spec.state not in ("pending", "skipped"):
-        claimed, _ = await ledger.claim(conn, [delivery_id], 600.0)
+        claimed, _ = await sending.claim(conn, [delivery_id], 600.0)
         assert delivery_id in claimed
     if spec.state not in ("pending", "skipped", "sending"):
         await _outcome(conn, spec, delivery_id)
@@ -224,7 +223,7 @@ async def _outcome(conn: ledger.Connection, spec: Spec, delivery_id: int) -> Non
     retry_at = await conn.fetchval("SELECT now() + interval '1 hour'")
     retry = retry_at if state is State.RETRYING else None
     completion = Completion(delivery_id, 1, state, retry, status, error, record=attempt)
-    done = await ledger.complete(conn, [completion])
+    done = await sending.complete(conn, [completion])
     assert done == {(delivery_id, 1)}
     if message is not None and spec.state in ("delivered", "bounced"):
         bounced = spec.state == "bounced"
@@ -277,7 +276,7 @@ async def _audit(conn: ledger.Connection, run_id: int, now: datetime) -> None:
         await conn.execute(q("destination_action_record"), HOOK + "events", "disable", "oncall",
                            "x", {})  # fmt: skip
         await conn.execute("UPDATE destination_actions SET at = $1 WHERE at > $1", at)
-        replay = await ledger.replay_started(conn, "ledger", "oncall", {})
+        replay = await replays.replay_started(conn, "ledger", "oncall", {})
         await conn.execute("UPDATE replays SET started_at = $2 WHERE id = $1", replay, at)
         await conn.execute(q("console_reveal_record"), "oncall", "/runs", at)
         ends = now + timedelta(hours=1) if days == 10 else at + timedelta(hours=12)
