@@ -1,0 +1,327 @@
+"""Retention at scale: batched deletes against the real schema vs dropping whole monthly
+partitions of a declaratively partitioned copy (issue 27, item 2).
+
+One scratch database ``bench_partitions_<pid>`` (``CREATE DATABASE`` + ``relay migrate``,
+dropped at the end) holds:
+
+* the real ``deliveries`` / ``delivery_attempts``: N old final deliveries (default
+  2,000,000, created 2025-12-01 .. 2026-10-01, ~1.5 attempts each) and R recent ones
+  (default 200,000, 2026-10-01 .. 2026-12-01, 1 % still queued) that must stay;
+* a copy of the same rows in ``pdeliveries`` / ``pdeliveries_attempts``, partitioned by
+  month of ``created_at`` (attempts carry their delivery's ``created_at``: the foreign key
+  to a partitioned table must name its whole primary key ``(id, created_at)``, and the
+  unique idempotency key becomes ``(idempotency_key, created_at)``). Building it is what
+  migrating existing data would cost: time and WAL are printed.
+
+Then, for the same cutoff (2026-10-01: the N old rows):
+
+(a) batched deletes, B rows per transaction (default 5,000): walk the primary key by id
+    range, lock the final old rows of the range ``FOR UPDATE SKIP LOCKED`` (or
+    ``--plain``: no lock clause, the DELETE's own row locks and state guard), delete their
+    attempts and them in one statement; then a plain VACUUM (autovacuum is off on the
+    shared server this was written on; a deployment runs it, and it does this work);
+(b) per old month: check the partition holds nothing open or recent, ``DETACH PARTITION
+    ... CONCURRENTLY`` and ``DROP TABLE`` for attempts, then for deliveries.
+
+Printed per strategy: wall time, WAL bytes (``pg_current_wal_lsn`` difference: the whole
+server's, other sessions' included, so the WAL of our own statements from ``EXPLAIN
+(ANALYZE, WAL)`` is printed beside it for (a)), table + index size after, dead tuples.
+
+    .venv/bin/python bench/partitions.py                          # 2,000,000 old rows
+    .venv/bin/python bench/partitions.py --old 20000 --recent 2000  # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _retention as ret
+import asyncpg
+from _common import RELAY, REPO, check, db_url, load_average, run_measured
+
+OLD_START = datetime(2025, 12, 1, tzinfo=UTC)
+CUTOFF = datetime(2026, 10, 1, tzinfo=UTC)
+RECENT_END = datetime(2026, 12, 1, tzinfo=UTC)
+# Old rows are created (occurrence - 60 s) and finished (a dead one: + 1 h) inside their
+# month, so both strategies remove exactly the same rows.
+_MARGIN = timedelta(hours=2)
+# partition bounds: 2025-12-01 .. 2027-01-01, monthly
+MONTHS = [datetime(2025 + (11 + k) // 12, (11 + k) % 12 + 1, 1, tzinfo=UTC) for k in range(14)]
+
+_VICTIMS = """
+WITH victims AS (
+    SELECT id FROM deliveries
+    WHERE id > $1 AND id <= $2 AND state IN ('delivered', 'skipped', 'dead')
+      AND finished_at < $3
+    ORDER BY id {lock}
+), gone_attempts AS (
+    DELETE FROM delivery_attempts AS a USING victims AS v WHERE a.delivery_id = v.id
+    RETURNING 1
+), gone AS (
+    DELETE FROM deliveries AS d USING victims AS v
+    WHERE d.id = v.id AND d.state IN ('delivered', 'skipped', 'dead') AND d.finished_at < $3
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deliveries, (SELECT count(*) FROM gone_attempts)
+"""
+
+
+def _month_name(m: datetime) -> str:
+    return f"{m.year}_{m.month:02d}"
+
+
+async def _build_partitioned(conn: asyncpg.Connection) -> tuple[float, int, int]:
+    """The partitioned copy: DDL, monthly partitions, the rows copied. (s, WAL, own WAL)"""
+    started, lsn = time.monotonic(), await ret.wal_lsn(conn)
+    await conn.execute(
+        """
+        CREATE TABLE pdeliveries (LIKE deliveries INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+            PARTITION BY RANGE (created_at);
+        ALTER TABLE pdeliveries ADD PRIMARY KEY (id, created_at),
+            ADD UNIQUE (idempotency_key, created_at);
+        CREATE INDEX ON pdeliveries (run_id, state);
+        CREATE INDEX ON pdeliveries (reminder_id, occurrence_at);
+        CREATE INDEX ON pdeliveries (event_id) WHERE event_id IS NOT NULL;
+        CREATE INDEX ON pdeliveries (id) WHERE state = 'pending';
+        CREATE INDEX ON pdeliveries (occurrence_at) WHERE state = 'queued';
+        CREATE INDEX ON pdeliveries (state, published_at)
+            WHERE state IN ('queued', 'sending', 'retrying');
+        CREATE INDEX ON pdeliveries (run_id, finished_at) WHERE state = 'accepted';
+        CREATE TABLE pdeliveries_attempts (
+            LIKE delivery_attempts INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+            delivery_created_at timestamptz NOT NULL
+        ) PARTITION BY RANGE (delivery_created_at);
+        ALTER TABLE pdeliveries_attempts
+            ADD PRIMARY KEY (delivery_id, delivery_created_at, attempt),
+            ADD FOREIGN KEY (delivery_id, delivery_created_at)
+                REFERENCES pdeliveries (id, created_at);
+        CREATE INDEX ON pdeliveries_attempts (provider_message_id)
+            WHERE provider_message_id IS NOT NULL;
+        """
+    )
+    for lo, hi in itertools.pairwise(MONTHS):
+        for table in ("pdeliveries", "pdeliveries_attempts"):
+            await conn.execute(
+                f"CREATE TABLE {table}_{_month_name(lo)} PARTITION OF {table}"
+                f" FOR VALUES FROM ('{lo.isoformat()}') TO ('{hi.isoformat()}')"
+            )
+    own = 0
+    for sql in (
+        "INSERT INTO pdeliveries SELECT * FROM deliveries",
+        "INSERT INTO pdeliveries_attempts SELECT a.*, d.created_at"
+        " FROM delivery_attempts AS a JOIN deliveries AS d ON d.id = a.delivery_id",
+    ):
+        own += (await _explained(conn, sql))[1]
+    return time.monotonic() - started, await ret.wal_since(conn, lsn), own
+
+
+async def _explained(conn: asyncpg.Connection, sql: str, *args: object) -> tuple[int, int]:
+    """Run ``sql`` under EXPLAIN (ANALYZE, WAL): (rows of the top node, its WAL bytes)."""
+    raw = await conn.fetchval(f"EXPLAIN (ANALYZE, WAL, TIMING OFF, FORMAT JSON) {sql}", *args)
+    plan: dict[str, Any] = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
+    return int(plan.get("Actual Rows", 0)), int(plan.get("WAL Bytes", 0))
+
+
+async def batched_delete(conn: asyncpg.Connection, batch: int, lock: str) -> dict[str, float]:
+    """Strategy (a): one transaction per id range of ``batch`` rows. Each statement runs
+    under EXPLAIN (ANALYZE, WAL, TIMING OFF) to count its own WAL (a few % of time)."""
+    started, lsn = time.monotonic(), await ret.wal_lsn(conn)
+    sql = _VICTIMS.format(lock=lock)
+    after, own_wal, batches = 0, 0, 0
+    while True:
+        async with conn.transaction():
+            upto = await conn.fetchval(
+                "SELECT max(id) FROM (SELECT id FROM deliveries WHERE id > $1"
+                " ORDER BY id LIMIT $2) AS page",
+                after,
+                batch,
+            )
+            if upto is None:
+                break
+            own_wal += (await _explained(conn, sql, after, upto, CUTOFF))[1]
+        after, batches = upto, batches + 1
+        if batches % 40 == 0:
+            print(f"   (a) {batches} batches, {time.monotonic() - started:.0f} s", flush=True)
+    return {
+        "seconds": time.monotonic() - started,
+        "wal": await ret.wal_since(conn, lsn),
+        "own_wal": own_wal,
+        "batches": batches,
+    }
+
+
+async def partition_drop(conn: asyncpg.Connection) -> dict[str, float]:
+    """Strategy (b): detach concurrently and drop each old month, attempts first."""
+    started, lsn = time.monotonic(), await ret.wal_lsn(conn)
+    checks = 0.0
+    for month in [m for m in MONTHS[:-1] if m < CUTOFF]:
+        part = f"pdeliveries_{_month_name(month)}"
+        t = time.monotonic()
+        blocked = await conn.fetchval(
+            f"SELECT EXISTS (SELECT 1 FROM {part} WHERE state NOT IN"
+            " ('delivered', 'skipped', 'dead') OR finished_at >= $1)",
+            CUTOFF,
+        )
+        checks += time.monotonic() - t
+        if blocked:
+            print(f"   (b) {part} holds open or recent rows: kept (batched deletes instead)")
+            continue
+        for table in (f"pdeliveries_attempts_{_month_name(month)}", part):
+            parent = table.rsplit("_", 2)[0]
+            await conn.execute(f"ALTER TABLE {parent} DETACH PARTITION {table} CONCURRENTLY")
+            await conn.execute(f"DROP TABLE {table}")
+    return {
+        "seconds": time.monotonic() - started,
+        "wal": await ret.wal_since(conn, lsn),
+        "check_seconds": checks,
+    }
+
+
+async def _sizes(conn: asyncpg.Connection, pair: str) -> str:
+    attempts = "delivery_attempts" if pair == "deliveries" else f"{pair}_attempts"
+    parts = []
+    for table in (pair, attempts):
+        s = await ret.relation_sizes(conn, table)
+        parts.append(
+            f"{table} {ret.mb(s['total'])} (heap {ret.mb(s['heap'])}, "
+            f"indexes {ret.mb(s['indexes'])})"
+        )
+    return "; ".join(parts)
+
+
+async def _dead(conn: asyncpg.Connection) -> str:
+    out = []
+    for table in ("deliveries", "delivery_attempts"):
+        live, dead = await ret.dead_tuples(conn, table)
+        out.append(f"{table} {live:,} live / {dead:,} dead")
+    return ", ".join(out)
+
+
+async def _vacuum(conn: asyncpg.Connection) -> tuple[float, int]:
+    started, lsn = time.monotonic(), await ret.wal_lsn(conn)
+    await conn.execute("VACUUM deliveries")
+    await conn.execute("VACUUM delivery_attempts")
+    return time.monotonic() - started, await ret.wal_since(conn, lsn)
+
+
+async def _load(conn: asyncpg.Connection, args: argparse.Namespace) -> None:
+    seconds = await ret.seed(
+        conn,
+        first_id=1,
+        count=args.old,
+        start=OLD_START + _MARGIN,
+        end=CUTOFF - _MARGIN,
+        label="old",
+    )
+    seconds += await ret.seed(
+        conn,
+        first_id=args.old + 1,
+        count=args.recent,
+        start=CUTOFF + _MARGIN,
+        end=RECENT_END,
+        queued_share=0.01,
+        label="recent",
+    )
+    await conn.execute("VACUUM ANALYZE deliveries")
+    await conn.execute("VACUUM ANALYZE delivery_attempts")
+    print(f"   loaded in {seconds:.0f} s (+ VACUUM ANALYZE)", flush=True)
+
+
+async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> None:
+    await _load(conn, args)
+    total = await ret.counts(conn)
+    build_s, build_wal, build_own = await _build_partitioned(conn)
+    await conn.execute("VACUUM ANALYZE pdeliveries, pdeliveries_attempts")
+    print(
+        f"rows: {total[0]:,} deliveries, {total[1]:,} attempts; before: "
+        f"{await _sizes(conn, 'deliveries')}\n"
+        f"migration to the partitioned layout (copying every row once, CREATE + INSERT ... "
+        f"SELECT): {build_s:.1f} s, WAL {ret.mb(build_wal)} (own statements "
+        f"{ret.mb(build_own)}); partitioned before: {await _sizes(conn, 'pdeliveries')}",
+        flush=True,
+    )
+    lock = "" if args.plain else "FOR UPDATE SKIP LOCKED"
+    a = await batched_delete(conn, args.batch, lock)
+    after = await ret.counts(conn)
+    rate = (total[0] - after[0]) / a["seconds"]
+    print(
+        f"(a) batched deletes ({args.batch:,} per transaction, by id range, "
+        f"{lock or 'no lock clause'}): {total[0] - after[0]:,} deliveries + "
+        f"{total[1] - after[1]:,} attempts in {a['batches']:.0f} transactions, "
+        f"{a['seconds']:.1f} s ({rate:,.0f} deliveries/s); WAL {ret.mb(a['wal'])} (own "
+        f"statements {ret.mb(a['own_wal'])})\n"
+        f"    after: {await _sizes(conn, 'deliveries')}\n"
+        f"    tuples: {await _dead(conn)}",
+        flush=True,
+    )
+    vac_s, vac_wal = await _vacuum(conn)
+    print(
+        f"    VACUUM of both tables: {vac_s:.1f} s, WAL {ret.mb(vac_wal)}; after: "
+        f"{await _sizes(conn, 'deliveries')}\n    tuples: {await _dead(conn)}\n"
+        f"    {await ret.bloat(conn, 'deliveries')}\n"
+        f"    {await ret.bloat(conn, 'delivery_attempts')}",
+        flush=True,
+    )
+    b = await partition_drop(conn)
+    left = await ret.counts(conn, "pdeliveries")
+    print(
+        f"(b) partitions dropped (DETACH CONCURRENTLY + DROP, attempts first): "
+        f"{total[0] - left[0]:,} deliveries + {total[1] - left[1]:,} attempts in "
+        f"{b['seconds']:.1f} s (of which the 'nothing open or recent' checks "
+        f"{b['check_seconds']:.1f} s); WAL {ret.mb(b['wal'])}\n"
+        f"    after: {await _sizes(conn, 'pdeliveries')}",
+        flush=True,
+    )
+    same = left == after
+    print(f"rows left: real {after}, partitioned {left}: {'same' if same else 'DIFFERENT'}")
+    if not same:
+        raise SystemExit("the two strategies removed different rows")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--old", type=int, default=2_000_000, help="old final deliveries")
+    parser.add_argument("--recent", type=int, default=200_000, help="recent deliveries kept")
+    parser.add_argument("--batch", type=int, default=5_000, help="rows per transaction")
+    parser.add_argument("--plain", action="store_true", help="(a) without FOR UPDATE SKIP LOCKED")
+    parser.add_argument("--keep", action="store_true", help="keep the database (debugging)")
+    args = parser.parse_args()
+    name = f"bench_partitions_{os.getpid()}"
+    admin = await asyncpg.connect(db_url("postgres"))
+    autovacuum = await admin.fetchval("SHOW autovacuum")
+    print(
+        f"== partitions: {args.old:,} old + {args.recent:,} recent deliveries, batch "
+        f"{args.batch:,}; database {name}; server autovacuum {autovacuum}; load average "
+        f"{load_average()}; {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {**os.environ, "RELAY_DATABASE_URL": db_url(name), "PYTHONPATH": str(REPO)}
+        scratch = Path(f"/tmp/{name}")
+        scratch.mkdir(exist_ok=True)
+        check(run_measured([*RELAY, "migrate"], env, scratch, "migrate"), "relay migrate")
+        conn = await asyncpg.connect(db_url(name))
+        try:
+            await run(conn, args)
+        finally:
+            await conn.close()
+    finally:
+        if not args.keep:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
