@@ -13,8 +13,10 @@ attempt rows per delivery, each with a short response excerpt.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -234,3 +236,52 @@ async def plan_of(conn: asyncpg.Connection, sql: str, *args: object) -> list[str
     raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)
     doc = raw if isinstance(raw, list) else json.loads(raw)
     return node_types(doc[0]["Plan"])
+
+
+# ---------------------------------------------------------------- activity
+
+
+class Activity:
+    """What each backend of one database is doing, sampled every ``interval`` s."""
+
+    def __init__(self, url: str, interval: float = 0.1) -> None:
+        self._url, self._interval = url, interval
+        self.counts: dict[str, Counter[str]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Activity:
+        self._conn = await asyncpg.connect(self._url)
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._conn.close()
+
+    async def _run(self) -> None:
+        while True:
+            rows = await self._conn.fetch(
+                "SELECT application_name AS app, state, wait_event_type AS wt, wait_event AS w"
+                " FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            for r in rows:
+                app = r["app"] or "other"
+                if r["state"] == "active":
+                    what = f"{r['wt']}:{r['w']}" if r["wt"] else "CPU"
+                elif r["state"] == "idle in transaction":
+                    what = "idle in transaction"
+                else:
+                    continue
+                self.counts.setdefault(app, Counter())[what] += 1
+            await asyncio.sleep(self._interval)
+
+    def describe(self) -> str:
+        parts = []
+        for app, counter in sorted(self.counts.items()):
+            total = sum(counter.values())
+            top = ", ".join(f"{k} {v / total:.0%}" for k, v in counter.most_common(5))
+            parts.append(f"{app} ({total} active samples): {top}")
+        return "; ".join(parts) or "(no active backend sampled)"
