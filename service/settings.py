@@ -22,6 +22,7 @@ from service import (
     errors,
     receipt_settings,
     recovery_settings,
+    retention_settings,
     servers,
 )
 
@@ -34,6 +35,7 @@ class Settings(
     console_settings.ConsoleSettings,
     receipt_settings.ReceiptSettings,
     recovery_settings.RecoverySettings,
+    retention_settings.RetentionSettings,
 ):
     """All configuration. Environment variable = ``RELAY_`` + upper-cased field name."""
 
@@ -244,7 +246,7 @@ class Settings(
     crash_at: str = Field(
         default="",
         description="Testing only: SIGKILL the process at these named points "
-        "(after_send, after_write, after_publish).",
+        "(after_send, after_write, after_publish, purge_after_batch, purge_inside_batch).",
     )
 
     # --- demo / paths -------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 import uvloop
 
 from service import errors, logs, settings
-from service.ops import cli_events, cli_operators, cli_receipts
+from service.ops import cli_events, cli_operators, cli_purge, cli_receipts
 from service.ops.console import cli_args as console_args
 
 _log = logs.get("cli")
@@ -60,6 +60,7 @@ HANDLERS = {
     **cli_receipts.HANDLERS,
     **cli_events.HANDLERS,
     **console_args.HANDLERS,
+    **cli_purge.HANDLERS,
 }
 
 
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partner_and_demo(sub)
     console_args.add(sub, _command)
     cli_receipts.add(sub, _command)
+    cli_purge.add(sub, _command)
     return parser
 
 

@@ -1601,3 +1601,309 @@ JOIN events AS e ON e.id = d.event_id
 WHERE d.event_id IS NOT NULL AND d.state <> 'delivered'
 ORDER BY d.event_id DESC, d.id
 LIMIT $1;
+
+---------------------------------------------------------------------------- retention
+-- `relay purge` (service/purge.py). Each step picks candidates without a lock (the same
+-- pick counts a dry run), then changes them in one short transaction that locks them
+-- (SKIP LOCKED: a row someone holds is left for the next run) and checks again what the
+-- pick checked: a guarded statement, like every transition. A cutoff that is NULL means
+-- "never": a comparison with it is never true.
+
+-- name: purge_lock
+-- One purge at a time (a session lock: a killed purge's ends with its connection).
+SELECT pg_try_advisory_lock(72177027);
+
+-- name: purge_unlock
+SELECT pg_advisory_unlock(72177027);
+
+-- name: purge_runs_interrupted
+-- Runs still 'running' when a purge holds the lock were killed before they finished.
+UPDATE purge_runs SET status = 'interrupted', finished_at = now(),
+                      error = 'ended before it finished (killed, or its database went away)'
+WHERE status = 'running';
+
+-- name: purge_run_start
+INSERT INTO purge_runs (as_of, policy, host) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: purge_run_progress
+-- One batch's counts ($2 'table/kind' -> $3 rows), in that batch's transaction.
+UPDATE purge_runs AS p
+SET batches = p.batches + 1,
+    counts = p.counts || (
+        SELECT coalesce(jsonb_object_agg(t.k, coalesce((p.counts ->> t.k)::bigint, 0) + t.n),
+                        '{}')
+        FROM unnest($2::text[], $3::bigint[]) AS t(k, n))
+WHERE p.id = $1;
+
+-- name: purge_totals_add
+-- The counter behind relay_purge_rows_total: $1 tables, $2 kinds, $3 rows (one per pair).
+INSERT INTO purge_totals (table_name, kind, rows)
+SELECT t, k, n FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(t, k, n) WHERE n > 0
+ON CONFLICT (table_name, kind) DO UPDATE SET rows = purge_totals.rows + excluded.rows;
+
+-- name: purge_run_finish
+UPDATE purge_runs SET status = $2, finished_at = now(), error = $3
+WHERE id = $1 AND status = 'running';
+
+-- name: purge_horizon_rows
+-- Raised before any delivery row older than $1 is deleted; never lowered.
+UPDATE retention_horizon
+SET rows_purged_before = greatest(coalesce(rows_purged_before, '-infinity'), $1);
+
+-- name: purge_horizon_event_content
+UPDATE retention_horizon
+SET event_content_purged_before = greatest(coalesce(event_content_purged_before, '-infinity'), $1);
+
+-- name: purge_content_pick
+-- Final deliveries of channel $1 whose content is kept and is due to go: ended before $2
+-- (a dead one before $3), after the keyset ($4 finished_at, $5 id); $6 at most.
+SELECT id, finished_at FROM deliveries
+WHERE channel = $1 AND finished_at IS NOT NULL AND content_purged_at IS NULL
+  AND finished_at < $2 AND (state <> 'dead' OR finished_at < $3)
+  AND (finished_at, id) > ($4::timestamptz, $5::bigint)
+ORDER BY finished_at, id
+LIMIT $6;
+
+-- name: purge_content_excerpts
+-- How many reply excerpts purging the content of deliveries $1 clears (a dry run's count).
+SELECT count(*) FROM delivery_attempts
+WHERE delivery_id = ANY($1::bigint[]) AND response_excerpt IS NOT NULL;
+
+-- name: purge_content_apply
+-- Purge the content of deliveries $1 still due to (as purge_content_pick): the payload, an
+-- e-mail's or SMS's recipient, every reply excerpt. Returns how many of each.
+WITH locked AS (
+    SELECT id FROM deliveries
+    WHERE id = ANY($1::bigint[]) AND finished_at IS NOT NULL AND content_purged_at IS NULL
+      AND finished_at < $2 AND (state <> 'dead' OR finished_at < $3)
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), excerpts AS (
+    UPDATE delivery_attempts AS a SET response_excerpt = NULL
+    FROM locked
+    WHERE a.delivery_id = locked.id AND a.response_excerpt IS NOT NULL
+    RETURNING 1
+), purged AS (
+    UPDATE deliveries AS d
+    SET content_purged_at = now(), payload = NULL,
+        destination = CASE WHEN d.channel IN ('email', 'sms') THEN NULL ELSE d.destination END
+    FROM locked
+    WHERE d.id = locked.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM purged) AS deliveries, (SELECT count(*) FROM excerpts) AS excerpts;
+
+-- name: purge_event_content_pick
+-- Events whose payload is due to go: created before $1, after the keyset ($2, $3); $4 at most.
+SELECT id, created_at FROM events
+WHERE content_purged_at IS NULL AND created_at < $1
+  AND (created_at, id) > ($2::timestamptz, $3::bigint)
+ORDER BY created_at, id
+LIMIT $4;
+
+-- name: purge_event_content_apply
+WITH locked AS (
+    SELECT id FROM events
+    WHERE id = ANY($1::bigint[]) AND content_purged_at IS NULL AND created_at < $2
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE events AS e SET payload = NULL, content_purged_at = now()
+FROM locked WHERE e.id = locked.id
+RETURNING e.id;
+
+-- name: purge_rows_pick
+-- Final deliveries of channel $1 whose row is due to go: ended before $2 (a dead one before
+-- $3), after the keyset ($4, $5), and not the evidence of a suppression still kept (in
+-- force, or lifted after the audit cutoff $6); $7 at most.
+SELECT d.id, d.finished_at FROM deliveries AS d
+WHERE d.channel = $1 AND d.finished_at IS NOT NULL
+  AND d.finished_at < $2 AND (d.state <> 'dead' OR d.finished_at < $3)
+  AND (d.finished_at, d.id) > ($4::timestamptz, $5::bigint)
+  AND NOT EXISTS (SELECT 1 FROM suppressions AS s
+                  WHERE s.delivery_id = d.id
+                    AND (s.removed_at IS NULL OR $6::timestamptz IS NULL OR s.removed_at >= $6))
+ORDER BY d.finished_at, d.id
+LIMIT $7;
+
+-- name: purge_rows_lock
+-- Lock the deliveries of $1 still due to go (as purge_rows_pick, $2 $3 $4 its cutoffs).
+SELECT d.id FROM deliveries AS d
+WHERE d.id = ANY($1::bigint[]) AND d.finished_at IS NOT NULL
+  AND d.finished_at < $2 AND (d.state <> 'dead' OR d.finished_at < $3)
+  AND NOT EXISTS (SELECT 1 FROM suppressions AS s
+                  WHERE s.delivery_id = d.id
+                    AND (s.removed_at IS NULL OR $4::timestamptz IS NULL OR s.removed_at >= $4))
+ORDER BY d.id
+FOR UPDATE SKIP LOCKED;
+
+-- name: purge_rows_children_count
+-- What deleting deliveries $1 deletes with them, table by table (a dry run's count).
+SELECT (SELECT count(*) FROM delivery_attempts WHERE delivery_id = ANY($1::bigint[]))
+           AS delivery_attempts,
+       (SELECT count(*) FROM receipts WHERE delivery_id = ANY($1::bigint[])) AS receipts,
+       (SELECT count(*) FROM reconciliations WHERE delivery_id = ANY($1::bigint[]))
+           AS reconciliations;
+
+-- name: purge_rows_children
+-- Children first: every row that names deliveries $1 (locked by purge_rows_lock).
+WITH a AS (DELETE FROM delivery_attempts WHERE delivery_id = ANY($1::bigint[]) RETURNING 1),
+     r AS (DELETE FROM receipts WHERE delivery_id = ANY($1::bigint[]) RETURNING 1),
+     c AS (DELETE FROM reconciliations WHERE delivery_id = ANY($1::bigint[]) RETURNING 1)
+SELECT (SELECT count(*) FROM a) AS delivery_attempts, (SELECT count(*) FROM r) AS receipts,
+       (SELECT count(*) FROM c) AS reconciliations;
+
+-- name: purge_rows_run_counts
+-- Before deliveries $1 go, their runs keep what became of them ('channel/state/skip
+-- reason' -> rows), so the run report still counts them.
+UPDATE publish_runs AS p SET purged_counts = p.purged_counts || m.counts
+FROM (
+    SELECT c.run_id,
+           jsonb_object_agg(c.key, coalesce((r.purged_counts ->> c.key)::int, 0) + c.n) AS counts
+    FROM (SELECT run_id,
+                 channel || '/' || state::text || '/' || coalesce(skip_reason, '') AS key,
+                 count(*)::int AS n
+          FROM deliveries
+          WHERE id = ANY($1::bigint[]) AND run_id IS NOT NULL
+          GROUP BY run_id, key) AS c
+    JOIN publish_runs AS r ON r.id = c.run_id
+    GROUP BY c.run_id
+) AS m
+WHERE p.id = m.run_id;
+
+-- name: purge_rows_delete
+-- The deliveries themselves (final only, whatever a caller passes).
+DELETE FROM deliveries WHERE id = ANY($1::bigint[]) AND finished_at IS NOT NULL
+RETURNING channel;
+
+-- name: purge_events_pick
+-- Events created before $1 that no delivery names any more, after the keyset ($2, $3).
+SELECT e.id, e.created_at FROM events AS e
+WHERE e.created_at < $1 AND (e.created_at, e.id) > ($2::timestamptz, $3::bigint)
+  AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.event_id = e.id)
+ORDER BY e.created_at, e.id
+LIMIT $4;
+
+-- name: purge_events_delete
+WITH locked AS (
+    SELECT e.id FROM events AS e
+    WHERE e.id = ANY($1::bigint[]) AND e.created_at < $2
+      AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.event_id = e.id)
+    ORDER BY e.id
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM events AS e USING locked WHERE e.id = locked.id RETURNING e.id;
+
+-- name: purge_runs_pick
+-- Publish runs that finished before $1 and have no delivery left, nor a run action kept
+-- (one after the audit cutoff $4; NULL: every one is kept), after the keyset ($2, $3).
+SELECT p.id, p.finished_at FROM publish_runs AS p
+WHERE p.finished_at < $1 AND (p.finished_at, p.id) > ($2::timestamptz, $3::bigint)
+  AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.run_id = p.id)
+  AND NOT EXISTS (SELECT 1 FROM run_actions AS a
+                  WHERE a.run_id = p.id AND ($4::timestamptz IS NULL OR a.at >= $4))
+ORDER BY p.finished_at, p.id
+LIMIT $5;
+
+-- name: purge_runs_delete
+-- (Run actions past the audit period went first, in the audit step.)
+WITH locked AS (
+    SELECT p.id FROM publish_runs AS p
+    WHERE p.id = ANY($1::bigint[]) AND p.finished_at < $2
+      AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.run_id = p.id)
+      AND NOT EXISTS (SELECT 1 FROM run_actions AS a WHERE a.run_id = p.id)
+    ORDER BY p.id
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM publish_runs AS p USING locked WHERE p.id = locked.id RETURNING p.id;
+
+-- name: purge_audit_count
+-- The audit trail due to go before $1, table by table (a dry run's count; the predicates
+-- are those of the purge_audit_* deletes below).
+SELECT (SELECT count(*) FROM run_actions AS a WHERE a.at < $1
+          AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.stop_action_id = a.id))
+           AS run_actions,
+       (SELECT count(*) FROM destination_actions WHERE at < $1) AS destination_actions,
+       (SELECT count(*) FROM replays WHERE started_at < $1) AS replays,
+       (SELECT count(*) FROM console_reveals WHERE at < $1) AS console_reveals,
+       (SELECT count(*) FROM console_sessions WHERE expires_at < $1) AS console_sessions,
+       (SELECT count(*) FROM admission_pauses WHERE resumed_at < $1) AS admission_pauses,
+       (SELECT count(*) FROM suppressions WHERE removed_at < $1) AS suppressions,
+       (SELECT count(*) FROM purge_runs WHERE finished_at < $1) AS purge_runs;
+
+-- name: purge_audit_run_actions
+-- Run actions before $1, $2 at most; never one an open delivery still names (a stop).
+DELETE FROM run_actions WHERE id IN (
+    SELECT a.id FROM run_actions AS a
+    WHERE a.at < $1
+      AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.stop_action_id = a.id)
+    ORDER BY a.id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_destination_actions
+DELETE FROM destination_actions WHERE id IN (
+    SELECT id FROM destination_actions WHERE at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_replays
+-- Replays and drops of dead letters (the dead-letter audit), by when they started.
+DELETE FROM replays WHERE id IN (
+    SELECT id FROM replays WHERE started_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_console_reveals
+DELETE FROM console_reveals WHERE id IN (
+    SELECT id FROM console_reveals WHERE at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_console_sessions
+-- Sessions that ended (expired) before $1: a live one is never touched.
+DELETE FROM console_sessions WHERE id IN (
+    SELECT id FROM console_sessions WHERE expires_at < $1
+    ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_admission_pauses
+-- Pause windows closed before $1 (the open one, if any, stays).
+DELETE FROM admission_pauses WHERE id IN (
+    SELECT id FROM admission_pauses WHERE resumed_at < $1
+    ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_suppressions
+-- Suppressions an operator lifted before $1 (one in force is never touched).
+DELETE FROM suppressions WHERE id IN (
+    SELECT id FROM suppressions WHERE removed_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: purge_audit_purge_runs
+-- Purge runs that finished before $1 (the running one has no finished_at).
+DELETE FROM purge_runs WHERE id IN (
+    SELECT id FROM purge_runs WHERE finished_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: retention_horizon
+SELECT rows_purged_before, event_content_purged_before FROM retention_horizon;
+
+-- name: retention_last_purge
+-- When the newest purge run finished whole; before the first, when retention was installed.
+SELECT coalesce((SELECT finished_at FROM purge_runs WHERE status = 'ok'
+                 ORDER BY finished_at DESC LIMIT 1),
+                (SELECT installed_at FROM retention_horizon));
+
+-- name: retention_oldest_final
+-- Per channel, the age of the oldest final delivery kept and of the oldest still holding
+-- its content (two index reads each: deliveries_final_idx, deliveries_content_kept_idx).
+SELECT c.channel,
+       extract(epoch FROM now() - (
+           SELECT finished_at FROM deliveries
+           WHERE channel = c.channel AND finished_at IS NOT NULL
+           ORDER BY finished_at LIMIT 1))::float8 AS final_seconds,
+       extract(epoch FROM now() - (
+           SELECT finished_at FROM deliveries
+           WHERE channel = c.channel AND finished_at IS NOT NULL AND content_purged_at IS NULL
+           ORDER BY finished_at LIMIT 1))::float8 AS content_seconds
+FROM (VALUES ('webhook'), ('email'), ('sms')) AS c(channel);
+
+-- name: retention_purge_totals
+SELECT table_name, kind, rows FROM purge_totals;

@@ -1,0 +1,33 @@
+"""The ``relay`` arguments of retention: ``purge`` (``service.ops.cli`` adds them to its
+parser and its handlers; the handler is ``service.ops.purge_cmd``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from service.ops.cli_operators import Command, add_json
+
+HANDLERS = {"purge": "service.ops.purge_cmd:main"}
+
+
+def add(sub: argparse._SubParsersAction, command: Command) -> None:  # type: ignore[type-arg]
+    parser = command(
+        sub,
+        "purge",
+        "remove what the retention policy (RELAY_RETENTION_*) no longer keeps: final "
+        "deliveries' content, then their rows, old runs and audit records (CronJob, daily)",
+        "relay purge --dry-run",
+        "relay purge --json",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count what would be purged, table by table; change nothing",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="rows per transaction (default RELAY_RETENTION_BATCH_SIZE, 5000)",
+    )
+    add_json(parser)

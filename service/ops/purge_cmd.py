@@ -1,0 +1,43 @@
+"""``relay purge``: the retention policy applied (a CronJob, daily); its arguments are in
+``service.ops.cli_purge``.
+
+Prints one summary (``--json``: one document) of what it purged, table by table, after
+progress on stderr when that is a terminal; ``--dry-run`` counts the same without changing
+anything. Exit 0 when every step ran to its end, 1 when another purge holds the lock (this
+one did nothing), 2 for a bad setting or argument, 3 when the database cannot be used. A
+killed purge is simply run again: it carries on where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from service import crashpoints, db, errors, purge, retention
+from service.ops.deliveries import open_pool, to_json
+from service.progress import Progress
+from service.settings import Settings
+
+
+async def main(args: argparse.Namespace, settings: Settings) -> int:
+    batch_size = settings.retention_batch_size if args.batch_size is None else args.batch_size
+    if not 1 <= batch_size <= 100_000:
+        raise errors.ConfigError("--batch-size: must be between 1 and 100000")
+    policy = retention.Policy.from_settings(settings)
+    async with open_pool(settings) as pool:
+        as_of = await pool.fetchval(db.q("db_now"))
+        try:
+            summary = await purge.purge(
+                pool,
+                policy,
+                as_of,
+                batch_size=batch_size,
+                dry_run=args.dry_run,
+                progress=Progress("purge: rows"),
+                crashpoints=crashpoints.CrashPoints(settings.crash_at),
+            )
+        except purge.PurgeBusy as exc:
+            print(f"relay: {exc}", file=sys.stderr)
+            return errors.ExitCode.INCOMPLETE
+    print(to_json(summary.as_dict()) if args.json else summary.render())
+    return errors.ExitCode.OK

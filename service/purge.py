@@ -1,0 +1,339 @@
+"""``relay purge``: remove what the retention policy no longer keeps, in short batches.
+
+One call of ``purge`` is one run, in this order (each step in batches of ``batch_size``
+rows, each batch its own short transaction that locks only the rows it changes, with
+``SKIP LOCKED``, so the publisher and the consumers are never held up):
+
+1. the audit trail past its period (run and destination actions, replays and drops,
+   console reveals and ended sessions, closed pause windows, lifted suppressions, purge
+   runs);
+2. publish runs past their period that have no delivery and no run action left;
+3. events past the webhook row period that no delivery names;
+4. the content of final deliveries past their kind's content period (a dead one: the dead
+   period): payload, an e-mail's or SMS's recipient, every reply excerpt; then the payload
+   of events past the webhook content period;
+5. the rows of final deliveries past their kind's row period (a dead one: the dead row
+   period), children first (attempts, receipts, reconciliations), their runs keeping the
+   counts; a delivery whose receipt put an address on the suppression list stays while that
+   suppression is kept.
+
+A run or an event whose last delivery goes in step 5 goes in the next run: so a dry run,
+which counts each step's candidates without changing anything, says what the run does.
+Nothing that is not final is ever touched: every change re-checks, under its lock, what the
+pick checked. Killed anywhere, a run leaves whole batches only; the next run carries on and
+ends where an uninterrupted one would have (every step is idempotent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import asyncpg
+
+from service import ledger, logs
+from service.crashpoints import CrashPoints
+from service.db import q
+from service.progress import Progress
+from service.retention import AUDIT_TABLES, DELIVERY_CHILDREN, Cutoffs, Policy, PurgeSummary
+from service.retention_settings import CHANNELS
+
+log = logs.get("purge")
+_EPOCH = datetime.min.replace(tzinfo=UTC)  # before any row: the keyset's start
+# A failed run is recorded if its connection still answers; if not, the next run marks it.
+_GONE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+class PurgeBusy(Exception):
+    """Another ``relay purge`` holds the lock: this one did nothing."""
+
+
+@dataclass
+class _Run:
+    """What the steps of one run share."""
+
+    conn: ledger.Connection
+    summary: PurgeSummary
+    cutoffs: Cutoffs
+    batch_size: int
+    progress: Progress | None
+    crash: CrashPoints
+
+    @property
+    def dry(self) -> bool:
+        return self.summary.dry_run
+
+    async def record(self, counts: Sequence[tuple[str, str, int]]) -> None:
+        """One batch's counts (table, kind, rows): into the summary and, applied, into the
+        run's record and the totals, in the batch's own transaction (the caller's)."""
+        for table, kind, n in counts:
+            self.summary.add(kind, table, n)
+        self.summary.batches += 1
+        if self.progress is not None:
+            self.progress.update(self.summary.total)
+        if self.dry or self.summary.run_id is None:
+            return
+        kept = [(t, k, n) for t, k, n in counts if n]
+        keys = [f"{t}/{k}" for t, k, _ in kept]
+        ns = [n for _, _, n in kept]
+        await self.conn.execute(q("purge_run_progress"), self.summary.run_id, keys, ns)
+        await self.conn.execute(
+            q("purge_totals_add"), [t for t, _, _ in kept], [k for _, k, _ in kept], ns
+        )
+
+
+async def purge(
+    pool: asyncpg.Pool,
+    policy: Policy,
+    as_of: datetime,
+    *,
+    batch_size: int = 5000,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    crashpoints: CrashPoints | None = None,
+    host: str | None = None,
+) -> PurgeSummary:
+    """Purge (``dry_run``: count) what ``policy`` no longer keeps as of ``as_of``.
+
+    Applied, the run is recorded in ``purge_runs`` (its policy, counts, status) and the
+    totals behind ``relay_purge_rows_total`` grow batch by batch. Raises ``PurgeBusy`` if
+    another purge is running; a dry run takes no lock and writes nothing.
+    """
+    summary = PurgeSummary(dry_run, as_of, policy.as_dict())
+    async with pool.acquire() as conn:
+        if not dry_run and not await conn.fetchval(q("purge_lock")):
+            raise PurgeBusy("another relay purge is running: this one did nothing")
+        run = _Run(
+            conn, summary, policy.cutoffs(as_of), batch_size, progress, crashpoints or CrashPoints()
+        )
+        try:
+            if not dry_run:
+                await conn.execute(q("purge_runs_interrupted"))
+                summary.run_id = await conn.fetchval(
+                    q("purge_run_start"), as_of, summary.policy, host or socket.gethostname()
+                )
+            await _steps(run)
+            summary.status = "ok"
+        except Exception as exc:
+            summary.status = "failed"
+            await _finish(conn, summary, type(exc).__name__)
+            raise
+        finally:
+            if progress is not None:
+                progress.finish()
+            if not dry_run:
+                await _unlock(conn)
+        await _finish(conn, summary, None)
+    return summary
+
+
+async def _finish(conn: ledger.Connection, summary: PurgeSummary, error: str | None) -> None:
+    """Record the run's end; a connection already gone leaves it 'running' (the next run
+    marks it interrupted)."""
+    if summary.run_id is None:
+        return
+    with contextlib.suppress(*_GONE):
+        await conn.execute(q("purge_run_finish"), summary.run_id, summary.status, error)
+
+
+async def _unlock(conn: ledger.Connection) -> None:
+    # The lock is the session's: a pooled connection must not keep it for the next user.
+    with contextlib.suppress(*_GONE):
+        await conn.execute(q("purge_unlock"))
+
+
+async def _steps(run: _Run) -> None:
+    await _audit(run)
+    await _runs(run)
+    await _events(run)
+    for channel in CHANNELS:
+        await _delivery_content(run, channel)
+    await _event_content(run)
+    rows_horizon = run.cutoffs.rows_horizon()
+    if rows_horizon is not None and not run.dry:
+        # Recorded before the first row goes: a backfill never re-admits a purged occurrence.
+        await run.conn.execute(q("purge_horizon_rows"), rows_horizon)
+    for channel in CHANNELS:
+        await _delivery_rows(run, channel)
+
+
+# --- one step: pick a page (keyset, no lock), change it in one transaction ----------------
+
+Pick = Callable[[datetime, int], Awaitable[list[asyncpg.Record]]]
+Change = Callable[[list[int]], Awaitable[Sequence[tuple[str, str, int]]]]
+Count = Callable[[list[int]], Awaitable[Sequence[tuple[str, str, int]]]]
+
+
+async def _batched(
+    run: _Run, name: str, pick: Pick, change: Change, count: Count, crash_point: str = ""
+) -> None:
+    """Page through ``pick``'s candidates; apply ``change`` to each page in a transaction
+    (a dry run: ``count`` them). Logs the step's totals."""
+    after: tuple[datetime, int] = (_EPOCH, 0)
+    done = 0
+    while True:
+        page = await pick(after[0], after[1])
+        if not page:
+            break
+        after = (page[-1][1], page[-1][0])
+        ids = [r[0] for r in page]
+        if run.dry:
+            counts = await count(ids)
+            await run.record(counts)
+        else:
+            async with run.conn.transaction():
+                counts = await change(ids)
+                await run.record(counts)
+            if crash_point:
+                run.crash.hit(crash_point)
+        done += sum(n for _, _, n in counts)
+        if len(page) < run.batch_size:
+            break
+    log.info("purge step", extra={"event": "purge_step", "step": name, "rows": done,
+                                  "dry_run": run.dry})  # fmt: skip
+
+
+async def _audit(run: _Run) -> None:
+    cutoff = run.cutoffs.audit
+    if cutoff is None:
+        return
+    if run.dry:
+        row = await run.conn.fetchrow(q("purge_audit_count"), cutoff)
+        assert row is not None
+        await run.record([(t, "rows", row[t]) for t in AUDIT_TABLES])
+        return
+    for table in AUDIT_TABLES:
+        while True:
+            async with run.conn.transaction():
+                gone = await run.conn.fetch(q(f"purge_audit_{table}"), cutoff, run.batch_size)
+                await run.record([(table, "rows", len(gone))])
+            if len(gone) < run.batch_size:
+                break
+
+
+async def _runs(run: _Run) -> None:
+    cutoff = run.cutoffs.runs
+    if cutoff is None:
+        return
+
+    async def pick(at: datetime, after: int) -> list[asyncpg.Record]:
+        return await run.conn.fetch(
+            q("purge_runs_pick"), cutoff, at, after, run.cutoffs.audit, run.batch_size
+        )
+
+    async def change(ids: list[int]) -> list[tuple[str, str, int]]:
+        gone = await run.conn.fetch(q("purge_runs_delete"), ids, cutoff)
+        return [("publish_runs", "rows", len(gone))]
+
+    async def count(ids: list[int]) -> list[tuple[str, str, int]]:
+        return [("publish_runs", "rows", len(ids))]
+
+    await _batched(run, "publish_runs", pick, change, count)
+
+
+async def _events(run: _Run) -> None:
+    cutoff = run.cutoffs.events_rows
+    if cutoff is None:
+        return
+
+    async def pick(at: datetime, after: int) -> list[asyncpg.Record]:
+        return await run.conn.fetch(q("purge_events_pick"), cutoff, at, after, run.batch_size)
+
+    async def change(ids: list[int]) -> list[tuple[str, str, int]]:
+        return [
+            ("events", "rows", len(await run.conn.fetch(q("purge_events_delete"), ids, cutoff)))
+        ]
+
+    async def count(ids: list[int]) -> list[tuple[str, str, int]]:
+        return [("events", "rows", len(ids))]
+
+    await _batched(run, "events", pick, change, count)
+
+
+async def _delivery_content(run: _Run, channel: str) -> None:
+    cutoff, dead = run.cutoffs.content[channel], run.cutoffs.dead_content
+    if cutoff is None:
+        return
+
+    async def pick(at: datetime, after: int) -> list[asyncpg.Record]:
+        return await run.conn.fetch(
+            q("purge_content_pick"), channel, cutoff, dead, at, after, run.batch_size
+        )
+
+    async def change(ids: list[int]) -> list[tuple[str, str, int]]:
+        row = await run.conn.fetchrow(q("purge_content_apply"), ids, cutoff, dead)
+        assert row is not None
+        run.summary.add_channel("content", channel, row["deliveries"])
+        return [
+            ("deliveries", "content", row["deliveries"]),
+            ("delivery_attempts", "content", row["excerpts"]),
+        ]
+
+    async def count(ids: list[int]) -> list[tuple[str, str, int]]:
+        excerpts = await run.conn.fetchval(q("purge_content_excerpts"), ids)
+        run.summary.add_channel("content", channel, len(ids))
+        return [("deliveries", "content", len(ids)), ("delivery_attempts", "content", excerpts)]
+
+    await _batched(run, f"deliveries content ({channel})", pick, change, count)
+
+
+async def _event_content(run: _Run) -> None:
+    cutoff = run.cutoffs.events_content
+    if cutoff is None:
+        return
+    if not run.dry:
+        await run.conn.execute(q("purge_horizon_event_content"), cutoff)
+
+    async def pick(at: datetime, after: int) -> list[asyncpg.Record]:
+        return await run.conn.fetch(
+            q("purge_event_content_pick"), cutoff, at, after, run.batch_size
+        )
+
+    async def change(ids: list[int]) -> list[tuple[str, str, int]]:
+        gone = await run.conn.fetch(q("purge_event_content_apply"), ids, cutoff)
+        return [("events", "content", len(gone))]
+
+    async def count(ids: list[int]) -> list[tuple[str, str, int]]:
+        return [("events", "content", len(ids))]
+
+    await _batched(run, "events content", pick, change, count)
+
+
+async def _delivery_rows(run: _Run, channel: str) -> None:
+    cutoff, dead, audit = run.cutoffs.rows[channel], run.cutoffs.dead_rows, run.cutoffs.audit
+    if cutoff is None:
+        return
+
+    async def pick(at: datetime, after: int) -> list[asyncpg.Record]:
+        return await run.conn.fetch(
+            q("purge_rows_pick"), channel, cutoff, dead, at, after, audit, run.batch_size
+        )
+
+    async def change(ids: list[int]) -> list[tuple[str, str, int]]:
+        locked = [
+            r["id"] for r in await run.conn.fetch(q("purge_rows_lock"), ids, cutoff, dead, audit)
+        ]
+        children = await run.conn.fetchrow(q("purge_rows_children"), locked)
+        assert children is not None
+        # Killed here, the transaction rolls back: children and parents go together or not.
+        run.crash.hit("purge_inside_batch")
+        await run.conn.execute(q("purge_rows_run_counts"), locked)
+        gone = await run.conn.fetch(q("purge_rows_delete"), locked)
+        run.summary.add_channel("rows", channel, len(gone))
+        return [("deliveries", "rows", len(gone))] + [
+            (t, "rows", children[t]) for t in DELIVERY_CHILDREN
+        ]
+
+    async def count(ids: list[int]) -> list[tuple[str, str, int]]:
+        children = await run.conn.fetchrow(q("purge_rows_children_count"), ids)
+        assert children is not None
+        run.summary.add_channel("rows", channel, len(ids))
+        return [("deliveries", "rows", len(ids))] + [
+            (t, "rows", children[t]) for t in DELIVERY_CHILDREN
+        ]
+
+    # A crash point after each committed batch: killed there, the next run carries on.
+    await _batched(run, f"deliveries rows ({channel})", pick, change, count, "purge_after_batch")
