@@ -5,6 +5,7 @@ status report's reads, and the purge's own picks. Each is the named block of
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -59,13 +60,18 @@ async def capture(
 
 
 def compare(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:
-    """One line per query: same plan, or both plans."""
+    """One line per query: the same plan (node types, relations and indexes), or the
+    nodes that went and came."""
     lines = []
     for name, nodes in before.items():
         later = after.get(name, [])
         if nodes == later:
-            lines.append(f"   {name}: same ({' > '.join(nodes[:4])}{' ...' * (len(nodes) > 4)})")
-        else:
-            lines.append(f"   {name}: CHANGED\n      from {' > '.join(nodes)}\n      to   "
-                         f"{' > '.join(later)}")  # fmt: skip
+            lines.append(f"   {name}: same ({' > '.join(nodes[:3])}{' ...' * (len(nodes) > 3)})")
+            continue
+        gone = Counter(nodes) - Counter(later)
+        came = Counter(later) - Counter(nodes)
+        change = "; ".join(
+            [f"- {n}" for n in gone.elements()] + [f"+ {n}" for n in came.elements()]
+        )
+        lines.append(f"   {name}: CHANGED: {change or 'same nodes, another order'}")
     return lines

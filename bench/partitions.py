@@ -50,6 +50,12 @@ import _retention as ret
 import asyncpg
 from _common import RELAY, REPO, check, db_url, load_average, run_measured
 
+from service import db
+from service.purge import purge
+from service.retention import Policy
+from service.retention_settings import CHANNELS
+from service.settings import Settings
+
 OLD_START = datetime(2025, 12, 1, tzinfo=UTC)
 CUTOFF = datetime(2026, 10, 1, tzinfo=UTC)
 RECENT_END = datetime(2026, 12, 1, tzinfo=UTC)
@@ -90,14 +96,6 @@ async def _build_partitioned(conn: asyncpg.Connection) -> tuple[float, int, int]
             PARTITION BY RANGE (created_at);
         ALTER TABLE pdeliveries ADD PRIMARY KEY (id, created_at),
             ADD UNIQUE (idempotency_key, created_at);
-        CREATE INDEX ON pdeliveries (run_id, state);
-        CREATE INDEX ON pdeliveries (reminder_id, occurrence_at);
-        CREATE INDEX ON pdeliveries (event_id) WHERE event_id IS NOT NULL;
-        CREATE INDEX ON pdeliveries (id) WHERE state = 'pending';
-        CREATE INDEX ON pdeliveries (occurrence_at) WHERE state = 'queued';
-        CREATE INDEX ON pdeliveries (state, published_at)
-            WHERE state IN ('queued', 'sending', 'retrying');
-        CREATE INDEX ON pdeliveries (run_id, finished_at) WHERE state = 'accepted';
         CREATE TABLE pdeliveries_attempts (
             LIKE delivery_attempts INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
             delivery_created_at timestamptz NOT NULL
@@ -106,10 +104,9 @@ async def _build_partitioned(conn: asyncpg.Connection) -> tuple[float, int, int]
             ADD PRIMARY KEY (delivery_id, delivery_created_at, attempt),
             ADD FOREIGN KEY (delivery_id, delivery_created_at)
                 REFERENCES pdeliveries (id, created_at);
-        CREATE INDEX ON pdeliveries_attempts (provider_message_id)
-            WHERE provider_message_id IS NOT NULL;
         """
     )
+    await _same_indexes(conn)
     for lo, hi in itertools.pairwise(MONTHS):
         for table in ("pdeliveries", "pdeliveries_attempts"):
             await conn.execute(
@@ -124,6 +121,23 @@ async def _build_partitioned(conn: asyncpg.Connection) -> tuple[float, int, int]
     ):
         own += (await _explained(conn, sql))[1]
     return time.monotonic() - started, await ret.wal_since(conn, lsn), own
+
+
+async def _same_indexes(conn: asyncpg.Connection) -> None:
+    """Every other index of the real tables (migration 0018's purge indexes too), on the
+    partitioned copy: the same columns and predicates."""
+    for real, copy in (
+        ("deliveries", "pdeliveries"),
+        ("delivery_attempts", "pdeliveries_attempts"),
+    ):
+        rows = await conn.fetch(
+            "SELECT pg_get_indexdef(indexrelid) AS ddl FROM pg_index"
+            " WHERE indrelid = $1::regclass AND NOT indisunique",
+            real,
+        )
+        for r in rows:
+            tail = r["ddl"].split(f" ON public.{real} ", 1)[1]
+            await conn.execute(f"CREATE INDEX ON {copy} {tail}")
 
 
 async def _explained(conn: asyncpg.Connection, sql: str, *args: object) -> tuple[int, int]:
@@ -158,6 +172,32 @@ async def batched_delete(conn: asyncpg.Connection, batch: int, lock: str) -> dic
         "wal": await ret.wal_since(conn, lsn),
         "own_wal": own_wal,
         "batches": batches,
+    }
+
+
+async def relay_purge(conn: asyncpg.Connection, url: str, batch: int) -> dict[str, float]:
+    """Strategy (a) as shipped: ``service.purge.purge`` (what ``relay purge`` runs), every
+    period 30 days, as of CUTOFF + 30 days (so its cutoffs are CUTOFF)."""
+    days = 30
+    policy = Policy(
+        content_days=dict.fromkeys(CHANNELS, days),
+        rows_days=dict.fromkeys(CHANNELS, days),
+        dead_content_days=days,
+        dead_rows_days=days,
+        runs_days=0,  # forever: only deliveries and their attempts are compared
+        audit_days=0,
+    )
+    pool = await db.create_pool(Settings(database_url=url), size=2)
+    started, lsn = time.monotonic(), await ret.wal_lsn(conn)
+    try:
+        summary = await purge(pool, policy, CUTOFF + timedelta(days=days), batch_size=batch)
+    finally:
+        await pool.close()
+    return {
+        "seconds": time.monotonic() - started,
+        "wal": await ret.wal_since(conn, lsn),
+        "own_wal": float("nan"),
+        "batches": summary.batches,
     }
 
 
@@ -222,6 +262,7 @@ async def _load(conn: asyncpg.Connection, args: argparse.Namespace) -> None:
         count=args.old,
         start=OLD_START + _MARGIN,
         end=CUTOFF - _MARGIN,
+        content_purged=True,  # as a daily purge leaves them: only the rows are left to go
         label="old",
     )
     seconds += await ret.seed(
@@ -238,7 +279,7 @@ async def _load(conn: asyncpg.Connection, args: argparse.Namespace) -> None:
     print(f"   loaded in {seconds:.0f} s (+ VACUUM ANALYZE)", flush=True)
 
 
-async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> None:
+async def run(conn: asyncpg.Connection, url: str, args: argparse.Namespace) -> None:
     await _load(conn, args)
     total = await ret.counts(conn)
     build_s, build_wal, build_own = await _build_partitioned(conn)
@@ -252,15 +293,20 @@ async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> None:
         flush=True,
     )
     lock = "" if args.plain else "FOR UPDATE SKIP LOCKED"
-    a = await batched_delete(conn, args.batch, lock)
+    if args.strategy == "relay":
+        how = "service.purge.purge, as relay purge runs it: by (finished_at, id), SKIP LOCKED"
+        a = await relay_purge(conn, url, args.batch)
+    else:
+        how = f"one statement by id range, {lock or 'no lock clause'}"
+        a = await batched_delete(conn, args.batch, lock)
     after = await ret.counts(conn)
     rate = (total[0] - after[0]) / a["seconds"]
+    own = f" (own statements {ret.mb(a['own_wal'])})" if a["own_wal"] == a["own_wal"] else ""
     print(
-        f"(a) batched deletes ({args.batch:,} per transaction, by id range, "
-        f"{lock or 'no lock clause'}): {total[0] - after[0]:,} deliveries + "
-        f"{total[1] - after[1]:,} attempts in {a['batches']:.0f} transactions, "
-        f"{a['seconds']:.1f} s ({rate:,.0f} deliveries/s); WAL {ret.mb(a['wal'])} (own "
-        f"statements {ret.mb(a['own_wal'])})\n"
+        f"(a) batched deletes ({args.batch:,} per transaction; {how}): "
+        f"{total[0] - after[0]:,} deliveries + {total[1] - after[1]:,} attempts in "
+        f"{a['batches']:.0f} transactions, {a['seconds']:.1f} s ({rate:,.0f} deliveries/s); "
+        f"WAL {ret.mb(a['wal'])}{own}\n"
         f"    after: {await _sizes(conn, 'deliveries')}\n"
         f"    tuples: {await _dead(conn)}",
         flush=True,
@@ -294,7 +340,13 @@ async def main() -> None:
     parser.add_argument("--old", type=int, default=2_000_000, help="old final deliveries")
     parser.add_argument("--recent", type=int, default=200_000, help="recent deliveries kept")
     parser.add_argument("--batch", type=int, default=5_000, help="rows per transaction")
-    parser.add_argument("--plain", action="store_true", help="(a) without FOR UPDATE SKIP LOCKED")
+    parser.add_argument(
+        "--strategy",
+        choices=("relay", "sql"),
+        default="relay",
+        help="(a): relay = service.purge.purge (default); sql = one statement per id range",
+    )
+    parser.add_argument("--plain", action="store_true", help="sql without SKIP LOCKED")
     parser.add_argument("--keep", action="store_true", help="keep the database (debugging)")
     args = parser.parse_args()
     name = f"bench_partitions_{os.getpid()}"
@@ -314,7 +366,7 @@ async def main() -> None:
         check(run_measured([*RELAY, "migrate"], env, scratch, "migrate"), "relay migrate")
         conn = await asyncpg.connect(db_url(name))
         try:
-            await run(conn, args)
+            await run(conn, db_url(name), args)
         finally:
             await conn.close()
     finally:

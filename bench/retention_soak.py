@@ -46,11 +46,11 @@ import _retention as ret
 import _soak_plans as plans
 import asyncpg
 from _common import bench_env, load_average
+
+from service import db
 from service.purge import purge
 from service.retention import Policy
 from service.retention_settings import CHANNELS
-
-from service import db
 from service.settings import Settings
 
 SIM_START = datetime(2025, 12, 1, tzinfo=UTC)
@@ -120,7 +120,9 @@ _STEPS = (
 _RUN = """
 INSERT INTO publish_runs (kind, status, intended_fire_at, started_at, finished_at, due_count,
                           created_count, published_count)
-VALUES ('publish', 'ok', $1, $1, $1 + interval '1 min', $2, $2, $2) RETURNING id
+VALUES ('publish', 'ok', $1::timestamptz, $1::timestamptz, $1::timestamptz + interval '1 min',
+        $2, $2, $2)
+RETURNING id
 """
 TABLES = ("deliveries", "delivery_attempts")
 
@@ -248,7 +250,7 @@ async def soak(args: argparse.Namespace, url: str) -> None:
                 print(_week_line(day + 1, series[-1][1], purged, vacuums), flush=True)
             if day + 1 in marks:
                 captured[marks[day + 1]] = await _plans(conn, lo, hi, day, args)
-        _report(series, captured, steady_day, timings)
+        _report(series, captured, steady_day, timings, {v: k for k, v in marks.items()})
     finally:
         await conn.close()
         await pool.close()
@@ -259,6 +261,7 @@ def _report(
     captured: dict[str, dict[str, list[str]]],
     steady_day: int,
     timings: dict[str, float],
+    days: dict[str, int],
 ) -> None:
     print(
         "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + "\n"
@@ -266,7 +269,7 @@ def _report(
     )
     for before, after in (("steady", "end"), ("start", "end")):
         if before in captured and "end" in captured:
-            print(f"plans, {before} (day) vs end:")
+            print(f"plans, {before} (day {days[before]}) vs end (day {days['end']}):")
             print("\n".join(plans.compare(captured[before], captured[after])))
 
 
