@@ -171,6 +171,13 @@ async def sizes(conn: asyncpg.Connection) -> dict[str, int]:
     return out
 
 
+async def index_sizes(conn: asyncpg.Connection) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for table in TABLES:
+        out.update(await ret.index_sizes(conn, table))
+    return out
+
+
 def policy(args: argparse.Namespace) -> Policy:
     return Policy(
         content_days=dict.fromkeys(CHANNELS, args.content_days),
@@ -232,6 +239,7 @@ async def soak(args: argparse.Namespace, url: str) -> None:
         marks = {7: "start", steady_day: "steady", args.days: "end"}
         series: list[tuple[int, dict[str, int]]] = []
         captured: dict[str, dict[str, list[str]]] = {}
+        indexes: dict[str, dict[str, int]] = {}
         timings, purged, vacuums = {"admit": 0.0, "purge": 0.0, "vacuum": 0.0}, 0, 0
         for day in range(args.days):
             t = time.monotonic()
@@ -250,7 +258,9 @@ async def soak(args: argparse.Namespace, url: str) -> None:
                 print(_week_line(day + 1, series[-1][1], purged, vacuums), flush=True)
             if day + 1 in marks:
                 captured[marks[day + 1]] = await _plans(conn, lo, hi, day, args)
+                indexes[marks[day + 1]] = await index_sizes(conn)
         _report(series, captured, steady_day, timings, {v: k for k, v in marks.items()})
+        _index_report(indexes)
     finally:
         await conn.close()
         await pool.close()
@@ -271,6 +281,19 @@ def _report(
         if before in captured and "end" in captured:
             print(f"plans, {before} (day {days[before]}) vs end (day {days['end']}):")
             print("\n".join(plans.compare(captured[before], captured[after])))
+
+
+def _index_report(indexes: dict[str, dict[str, int]]) -> None:
+    """Each index's size at the start of the steady state and at the end."""
+    if "steady" not in indexes or "end" not in indexes:
+        return
+    steady, end = indexes["steady"], indexes["end"]
+    parts = [
+        f"{name} {ret.mb(steady[name])} -> {ret.mb(end[name])}"
+        + (f" ({end[name] / steady[name] - 1:+.0%})" if steady[name] else "")
+        for name in sorted(steady, key=lambda n: -end.get(n, 0))
+    ]
+    print("indexes, steady -> end: " + ", ".join(parts))
 
 
 async def main() -> None:
