@@ -20,6 +20,8 @@ async def consume(args: argparse.Namespace, settings: Settings) -> int:
     from prometheus_client import REGISTRY
 
     telem = telemetry.setup("relay-consume", [PrometheusMetricReader()])
+    # A setting, not a ledger fact: RelayPurgeNotRunning compares the last purge with it.
+    telem.metrics.snapshot.purge_period_seconds = settings.retention_purge_period_hours * 3600
     try:
         return await consume_run.run(
             settings,

@@ -14,7 +14,7 @@ import aiormq
 import asyncpg
 from aio_pika.abc import AbstractConnection
 
-from service import amqp, brokers, db, ledger, logs, runs
+from service import amqp, brokers, db, ledger, logs, retention, runs
 from service.gauges import Snapshot
 
 log = logs.get("consumer")
@@ -48,6 +48,13 @@ async def sample_once(
     if newest is not None:
         snapshot.last_publish_start = newest.started_at.timestamp()
         snapshot.last_publish_lag_seconds = newest.lag_seconds
+    # Retention: the CronJob's purge is short-lived, so its facts are read from the ledger
+    # here (purge_runs, purge_totals, the final rows' ages) and scraped with the rest.
+    facts = await retention.facts(pool)
+    snapshot.purge_last_finished = facts.last_purge_finished
+    snapshot.oldest_final_seconds = facts.oldest_final_seconds
+    snapshot.oldest_content_seconds = facts.oldest_content_seconds
+    snapshot.purged_totals = facts.purged_totals
     channel = await connection.channel()
     try:
         depths = {}

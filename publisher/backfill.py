@@ -29,7 +29,18 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from service import admission, amqp, control, db, errors, ledger, runs, schedule, schedule_history
+from service import (
+    admission,
+    amqp,
+    control,
+    db,
+    errors,
+    ledger,
+    retention,
+    runs,
+    schedule,
+    schedule_history,
+)
 from service.admission import NewDelivery
 from service.ledger import State
 from service.progress import Progress
@@ -189,6 +200,13 @@ async def admit(
 ) -> BackfillSummary:
     """Count (or, ``apply``, admit) the window's occurrences the ledger lacks."""
     now = await pool.fetchval(db.q("db_now"))
+    reached = await retention.horizon(pool)
+    retention.refuse_reaching_back(
+        start,
+        reached.rows_purged_before,
+        "--from",
+        "a backfill cannot tell what was sent: the rows of deliveries that ended were purged",
+    )
     summary = BackfillSummary(apply, start, min(end, now))
     rows = await pool.fetch(db.q("backfill_reminders"), reminder_id)
     if reminder_id is not None and not rows:

@@ -32,6 +32,15 @@ class Snapshot:
     # late one brings it back to about 0 (RelaySchedulerLagHigh reads it).
     last_publish_lag_seconds: float | None = None
     ready: bool = False
+    # Retention (service.retention.facts): when the newest purge finished whole (Unix time;
+    # before the first, when retention was installed), how often one is scheduled (the
+    # setting), the age of the oldest final delivery kept and of the oldest still holding its
+    # content (channel -> s), and what every purge removed ("table/kind" -> rows).
+    purge_last_finished: float | None = None
+    purge_period_seconds: float | None = None
+    oldest_final_seconds: dict[str, float] = field(default_factory=dict)
+    oldest_content_seconds: dict[str, float] = field(default_factory=dict)
+    purged_totals: dict[str, int] = field(default_factory=dict)
 
 
 def register_gauges(meter: Meter, snapshot: Snapshot) -> None:
@@ -47,6 +56,18 @@ def register_gauges(meter: Meter, snapshot: Snapshot) -> None:
 
     _ledger_gauges(gauge, snapshot)
     _run_gauges(gauge, snapshot)
+    _retention_gauges(gauge, snapshot)
+    meter.create_observable_counter(
+        "relay.purge.rows",
+        [lambda _: _purged(snapshot)],
+        "{row}",
+        "Rows relay purge deleted (kind rows) or emptied of their content (kind content), by "
+        "table, ever: read from the ledger, so every consumer reports the same total",
+    )
+
+
+# Counters among the instruments above (read from the ledger, not counted in the process).
+SNAPSHOT_COUNTERS = ("relay.purge.rows",)
 
 
 _Gauge = Callable[[str, str, str, Callable[[], Iterable[Observation]]], None]
@@ -123,6 +144,44 @@ def _run_gauges(gauge: _Gauge, snapshot: Snapshot) -> None:
         "1 while connected to broker and database and consuming",
         lambda: [Observation(1 if snapshot.ready else 0)],
     )
+
+
+def _retention_gauges(gauge: _Gauge, snapshot: Snapshot) -> None:
+    gauge(
+        "relay.purge.last_run.timestamp",
+        "s",
+        "When the newest relay purge finished whole (Unix time); before the first, when "
+        "retention was installed",
+        lambda: _optional(snapshot.purge_last_finished),
+    )
+    gauge(
+        "relay.purge.period",
+        "s",
+        "How often relay purge is scheduled (RELAY_RETENTION_PURGE_PERIOD_HOURS)",
+        lambda: _optional(snapshot.purge_period_seconds),
+    )
+    gauge(
+        "relay.retention.oldest_final.age",
+        "s",
+        "Since the oldest final delivery still kept ended, by channel",
+        lambda: [Observation(v, {"channel": c}) for c, v in snapshot.oldest_final_seconds.items()],
+    )
+    gauge(
+        "relay.retention.oldest_content.age",
+        "s",
+        "Since the oldest final delivery still holding its content ended, by channel",
+        lambda: [
+            Observation(v, {"channel": c}) for c, v in snapshot.oldest_content_seconds.items()
+        ],
+    )
+
+
+def _purged(snapshot: Snapshot) -> list[Observation]:
+    found = []
+    for key, n in list(snapshot.purged_totals.items()):
+        table, _, kind = key.partition("/")
+        found.append(Observation(n, {"table": table, "kind": kind}))
+    return found
 
 
 def _optional(value: float | None) -> list[Observation]:

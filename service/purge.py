@@ -173,7 +173,7 @@ async def _batched(
     """Page through ``pick``'s candidates; apply ``change`` to each page in a transaction
     (a dry run: ``count`` them). Logs the step's totals."""
     after: tuple[datetime, int] = (_EPOCH, 0)
-    done = 0
+    done: dict[str, int] = {}
     while True:
         page = await pick(after[0], after[1])
         if not page:
@@ -189,10 +189,15 @@ async def _batched(
                 await run.record(counts)
             if crash_point:
                 run.crash.hit(crash_point)
-        done += sum(n for _, _, n in counts)
+        for table, kind, n in counts:
+            done[f"{table}/{kind}"] = done.get(f"{table}/{kind}", 0) + n
         if len(page) < run.batch_size:
             break
-    log.info("purge step", extra={"event": "purge_step", "step": name, "rows": done,
+    _logged(run, name, done)
+
+
+def _logged(run: _Run, step: str, counts: dict[str, int]) -> None:
+    log.info("purge step", extra={"event": "purge_step", "step": step, "counts": counts,
                                   "dry_run": run.dry})  # fmt: skip
 
 
@@ -204,14 +209,18 @@ async def _audit(run: _Run) -> None:
         row = await run.conn.fetchrow(q("purge_audit_count"), cutoff)
         assert row is not None
         await run.record([(t, "rows", row[t]) for t in AUDIT_TABLES])
+        _logged(run, "audit", {f"{t}/rows": row[t] for t in AUDIT_TABLES})
         return
+    done: dict[str, int] = {}
     for table in AUDIT_TABLES:
         while True:
             async with run.conn.transaction():
                 gone = await run.conn.fetch(q(f"purge_audit_{table}"), cutoff, run.batch_size)
                 await run.record([(table, "rows", len(gone))])
+            done[f"{table}/rows"] = done.get(f"{table}/rows", 0) + len(gone)
             if len(gone) < run.batch_size:
                 break
+    _logged(run, "audit", done)
 
 
 async def _runs(run: _Run) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from service import ledger
+from service import errors, ledger
 from service.db import q
 from service.retention_settings import CHANNELS, RetentionSettings
 
@@ -197,6 +197,16 @@ async def horizon(executor: ledger.Executor) -> Horizon:
     if row is None:
         return Horizon(None, None)
     return Horizon(row["rows_purged_before"], row["event_content_purged_before"])
+
+
+def refuse_reaching_back(since: datetime, before: datetime | None, option: str, what: str) -> None:
+    """Raise ConfigError (exit 2) if a backfill from ``since`` reaches back past a purge
+    horizon ``before``: what it would find missing there may have been purged, not owed."""
+    if before is not None and since < before:
+        raise errors.ConfigError(
+            f"{option}: {what} before {before:%Y-%m-%d %H:%M:%S} UTC (retention); "
+            f"choose {option} at or after it"
+        )
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,12 @@ class RunReport:
     # e-mail, SMS: channel -> rows accepted longer than RELAY_RECEIPT_WAIT_SECONDS ago that
     # no receipt settled ("accepted, no receipt after N minutes")
     no_receipt: dict[str, int] = field(default_factory=dict)
+    # Retention: rows of this run whose content was purged (still counted and listed), and
+    # rows purged whole (counted from the run's record, in the counts above; no longer
+    # listed), of which not delivered.
+    content_purged: int = 0
+    rows_purged: int = 0
+    rows_purged_missing: int = 0
 
     @property
     def delivered(self) -> int:
@@ -237,8 +243,10 @@ async def reports(
     SMS accepted longer than ``receipt_wait_seconds`` ago without a receipt is counted as
     having none.
     """
-    found = await _recent(executor, run_id, count, kind, nonempty)
+    found, purged = await _recent(executor, run_id, count, kind, nonempty)
     await _count_states(executor, found, now)
+    for run, counts in purged.items():
+        add_purged(found[run], counts)
     overdue = await receipts.overdue_by_run(executor, list(found), receipt_wait_seconds)
     for run, by_channel in overdue.items():
         found[run].no_receipt = by_channel
@@ -252,9 +260,11 @@ async def reports(
 
 async def _recent(
     executor: ledger.Executor, run_id: int | None, count: int, kind: str | None, nonempty: bool
-) -> dict[int, RunReport]:
-    """The runs themselves, by id, without their deliveries' states yet."""
+) -> tuple[dict[int, RunReport], dict[int, dict[str, int]]]:
+    """The runs themselves, by id, without their deliveries' states yet; and the counts of
+    their rows retention purged ('channel/state/skip reason' -> rows)."""
     rows = await executor.fetch(db.q("runs_recent"), run_id, count, kind, nonempty)
+    purged = {r["id"]: r["purged_counts"] for r in rows if r["purged_counts"]}
     return {
         r["id"]: RunReport(
             run_id=r["id"],
@@ -272,7 +282,28 @@ async def _recent(
             held_at=r["held_at"],
         )
         for r in rows
-    }
+    }, purged
+
+
+def add_purged(report: RunReport, counts: dict[str, int]) -> None:
+    """Count the run's rows that retention purged as if they were still there (their
+    states, skip reasons and channels were recorded before they went)."""
+    for key, n in counts.items():
+        channel, state, reason = key.split("/", 2)
+        report.states[state] = report.states.get(state, 0) + n
+        if state == ledger.State.SKIPPED:
+            report.skipped_by_reason[reason] = report.skipped_by_reason.get(reason, 0) + n
+        states = report.channels.setdefault(channel, {})
+        states[state] = states.get(state, 0) + n
+        report.rows_purged += n
+        if state != ledger.State.DELIVERED:
+            report.rows_purged_missing += n
+
+
+async def rows_purged_missing(executor: ledger.Executor, run_id: int) -> int:
+    """Rows of the run retention purged that were not delivered (no longer listed)."""
+    counts: dict[str, int] = await executor.fetchval(db.q("run_purged_counts"), run_id) or {}
+    return sum(n for key, n in counts.items() if key.split("/")[1] != ledger.State.DELIVERED)
 
 
 async def _count_states(
@@ -286,6 +317,7 @@ async def _count_states(
             report.skipped_by_reason[row["skip_reason"]] = row["n"]
         if row["oldest_pending"] is not None:
             report.oldest_pending_seconds = (now - row["oldest_pending"]).total_seconds()
+        report.content_purged += row["content_purged"]
     for row in await executor.fetch(db.q("run_channel_counts"), list(found)):
         states = found[row["run_id"]].channels.setdefault(row["channel"], {})
         states[row["state"]] = row["n"]

@@ -199,16 +199,25 @@ async def _status_missing(
     accepted e-mail or SMS says how long its provider has had it without a receipt."""
     run_id = args.run or await runs.latest_with_work(pool)
     rows = [] if run_id is None else await status_mod.missing(pool, run_id, args.limit)
+    purged = 0 if run_id is None else await runs.rows_purged_missing(pool, run_id)
     outbox = await status_mod.outbox_missing(pool, args.limit)
     by_event = await status_mod.event_missing(pool, args.limit)
     if run_id is None and not outbox and not by_event:
         print("relay: no publish runs yet", file=sys.stderr)
         return errors.ExitCode.INCOMPLETE
-    found = {"run_id": run_id, "missing": rows, "outbox_missing": outbox, "event_missing": by_event}
+    found = {
+        "run_id": run_id,
+        "missing": rows,
+        "rows_purged_missing": purged,
+        "outbox_missing": outbox,
+        "event_missing": by_event,
+    }
     print(
         status_mod.to_json(found)
         if args.json
-        else status_mod.render_missing(run_id, rows, outbox, by_event, receipt_wait_seconds)
+        else status_mod.render_missing(
+            run_id, rows, outbox, by_event, receipt_wait_seconds, purged_missing=purged
+        )
     )
     return errors.ExitCode.OK
 

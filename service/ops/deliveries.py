@@ -61,7 +61,7 @@ def _schedule(row: asyncpg.Record) -> str | None:
 _ROW_FIELDS = (
     "id idempotency_key source channel provider state occurrence_at urgent attempts replays "
     "next_attempt_at last_status last_error receipt skip_reason run_id created_at "
-    "published_at first_attempt_at finished_at dead_lettered_at settled_at"
+    "published_at first_attempt_at finished_at dead_lettered_at settled_at content_purged_at"
 ).split()
 
 
@@ -137,6 +137,11 @@ def render_story(data: dict[str, Any]) -> str:
             lines.append(f"  {key:<16} {_t(value) if isinstance(value, datetime) else value}")
     created, finished = _t(data["created_at"]), _t(data["finished_at"])
     lines.append(f"  {'created/final':<16} {created} / {finished}")
+    if data["content_purged_at"] is not None:
+        lines.append(
+            f"  {'content':<16} purged {_t(data['content_purged_at'])} (retention): payload, "
+            "recipient and replies are gone; ids, state, times, counts and reasons stay"
+        )
     if data["reminder"] is not None:
         r = data["reminder"]
         active = "active" if r["active"] else "inactive or gone"
@@ -168,6 +173,8 @@ def render_story(data: dict[str, Any]) -> str:
         )
         if a["reply_excerpt"]:
             lines.append(f"        reply: {a['reply_excerpt']}")
+        elif data["content_purged_at"] is not None and a["http_status"] is not None:
+            lines.append("        reply: (purged)")
         if a["error"] and a["http_status"] is not None:
             lines.append(f"        error: {a['error']}")
         if a["provider_message_id"]:
@@ -290,6 +297,8 @@ def render_list(rows: list[dict[str, Any]], next_before: int | None) -> str:
     for r in rows:
         who = r["reminder_id"] or r["idempotency_key"]
         why = r["skip_reason"] or r["last_error"] or ""
+        if r["content_purged_at"] is not None:
+            why = f"{why} (content purged)".lstrip()
         lines.append(
             f"{r['id']:>8} {r['state']:<9} {r['channel']:<8} {r['run_id'] or '-':>5} "
             f"{who[:34]:<34} {_t(r['occurrence_at']):<19} {r['attempts']:>3} "

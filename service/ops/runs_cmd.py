@@ -57,6 +57,7 @@ def _run_row(r: dict[str, Any]) -> dict[str, Any]:
         "dead": r["dead"],
         "pending": r["open"],
         "completion_ratio": r["delivered"] / owed if owed else None,
+        "rows_purged": r["purged"],  # of owed: rows retention purged (counted from the run)
     }
 
 
@@ -75,6 +76,7 @@ def render_runs(found: list[dict[str, Any]], next_before: int | None) -> str:
             f"{r['intended_fire_at']:%Y-%m-%d %H:%M} {r['owed']:>6} {r['delivered']:>9} "
             f"{r['skipped']:>7} {r['dead']:>5} {r['pending']:>7} {ratio:>8}  "
             f"{'HELD' if r['held'] else ''}"
+            + (f" ({r['rows_purged']} rows purged: counted)" if r["rows_purged"] else "")
         )
     if next_before is not None:
         lines.append(f"more: add --before {next_before} for the next page")

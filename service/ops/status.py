@@ -160,6 +160,7 @@ def _run_lines(
     if r.held_at is not None:
         lines.append(f"{'':>5} HELD since {r.held_at:%Y-%m-%d %H:%M:%S}")
     lines.extend(_channel_lines(r, receipt_wait_seconds))
+    lines.extend(_retention_lines(r))
     for a in recorded:
         if a.run_id == r.run_id:
             lines.append(
@@ -170,6 +171,22 @@ def _run_lines(
         lines.append(
             f"{'':>5} lateness (due -> accepted): p50 {r.lateness_p50_seconds:.2f} s, "
             f"p95 {r.lateness_p95_seconds:.2f} s, max {r.lateness_max_seconds:.2f} s"
+        )
+    return lines
+
+
+def _retention_lines(r: runs.RunReport) -> list[str]:
+    """What retention took from the run: said, never hidden in the counts."""
+    lines = []
+    if r.content_purged:
+        lines.append(
+            f"{'':>5} content purged (retention): {r.content_purged} rows keep their ids, "
+            "states, times, counts and reasons; payloads, recipients and replies are gone"
+        )
+    if r.rows_purged:
+        lines.append(
+            f"{'':>5} rows purged (retention): {r.rows_purged} ({r.rows_purged_missing} not "
+            "delivered), counted above from the run's record; no longer listed"
         )
     return lines
 
@@ -216,12 +233,18 @@ def render_missing(
     outbox: list[dict[str, Any]] | None = None,
     by_event: list[dict[str, Any]] | None = None,
     receipt_wait_seconds: float = 900.0,
+    purged_missing: int = 0,
 ) -> str:
     text = (
         "no publish run has admitted anything yet"
         if run_id is None
         else _render_missing_rows(f"run {run_id}", rows, receipt_wait_seconds)
     )
+    if purged_missing:
+        text += (
+            f"\nrun {run_id}: {purged_missing} more not delivered whose rows were purged "
+            "(retention): counted by relay status --run, no longer listed"
+        )
     text += "\n" + _render_missing_rows(
         "outbox intents (no run)", outbox or [], receipt_wait_seconds
     )
@@ -267,14 +290,15 @@ def _render_missing_rows(what: str, rows: list[dict[str, Any]], wait_seconds: fl
 def _why_missing(r: dict[str, Any], wait_seconds: float) -> str:
     """The next attempt, the skip reason or last error; for an accepted row, how long the
     provider has had it without a receipt."""
+    purged = " (content purged)" if r.get("content_purged_at") is not None else ""
     if r["next_attempt_at"]:
         return f"{r['next_attempt_at']:%Y-%m-%d %H:%M:%S}"
     waited = r.get("accepted_seconds")
     if r["state"] == ledger.State.ACCEPTED and waited is not None:
         if waited >= wait_seconds:
-            return f"accepted, no receipt after {_minutes(wait_seconds)}"
+            return f"accepted, no receipt after {_minutes(wait_seconds)}{purged}"
         return f"accepted {_minutes(round(waited))} ago, awaiting a receipt"
-    return str(r["skip_reason"] or r["last_error"] or "")
+    return str(r["skip_reason"] or r["last_error"] or "") + purged
 
 
 def to_json(data: Any) -> str:

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from service import destination_switch, entry, errors, subscriptions
+from service import destination_switch, entry, errors, retention, subscriptions
 from service.clock import SystemClock
 from service.ops import deliveries as deliveries_cmd
 from service.ops import destinations as destinations_cmd
@@ -46,6 +46,14 @@ async def subscribe(args: argparse.Namespace, settings: Settings) -> int:
     if since is not None and since >= until:
         raise errors.ConfigError("--backfill-since: must be before --backfill-until (or now)")
     async with deliveries_cmd.open_pool(settings) as pool, pool.acquire() as conn:
+        if since is not None:
+            reached = await retention.horizon(conn)
+            retention.refuse_reaching_back(
+                since,
+                reached.event_content_purged_before,
+                "--backfill-since",
+                "events cannot be sent again: their payloads were purged",
+            )
         async with conn.transaction():
             done = await subscriptions.subscribe(conn, url, args.type, filter_, args.budget)
             if done is None:

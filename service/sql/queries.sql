@@ -556,7 +556,8 @@ SELECT count(*) FROM deliveries WHERE state IN ('queued', 'retrying', 'sending')
 
 -- name: runs_recent
 SELECT id, kind, status, intended_fire_at, started_at, finished_at, due_count, created_count,
-       skipped_count, published_count, rescued_count, failed_count, error, held_at
+       skipped_count, published_count, rescued_count, failed_count, error, held_at,
+       purged_counts
 FROM publish_runs
 WHERE ($1::bigint IS NULL OR id = $1) AND ($3::text IS NULL OR kind = $3)
   AND (NOT $4::bool OR created_count > 0)
@@ -576,10 +577,14 @@ ORDER BY id DESC LIMIT 1;
 
 -- name: run_state_counts
 SELECT run_id, state::text AS state, coalesce(skip_reason, '') AS skip_reason, count(*) AS n,
-       min(CASE WHEN state = 'pending' THEN created_at END) AS oldest_pending
+       min(CASE WHEN state = 'pending' THEN created_at END) AS oldest_pending,
+       count(*) FILTER (WHERE content_purged_at IS NOT NULL) AS content_purged
 FROM deliveries
 WHERE run_id = ANY($1::bigint[])
 GROUP BY run_id, state, skip_reason;
+
+-- name: run_purged_counts
+SELECT purged_counts FROM publish_runs WHERE id = $1;
 
 -- name: run_lateness
 -- How late each run's deliveries were: from the occurrence's due time to the receiver's
@@ -617,7 +622,8 @@ WHERE state IN ('pending', 'queued')
 SELECT d.id, d.reminder_id, d.channel, d.state::text AS state, d.last_status, d.last_error,
        d.next_attempt_at, d.skip_reason, d.attempts, d.occurrence_at,
        CASE WHEN d.state = 'accepted' THEN extract(epoch FROM now() - d.finished_at)::float8
-            END AS accepted_seconds
+            END AS accepted_seconds,
+       d.content_purged_at
 FROM deliveries AS d
 WHERE d.run_id = $1 AND d.state <> 'delivered'
 ORDER BY d.id
@@ -640,10 +646,11 @@ CREATE DATABASE {database};
 ---------------------------------------------------------------------------- replay
 
 -- name: replay_select
--- Ledger replay: one page of rows matching the operator's filters (NULL = any).
+-- Ledger replay: one page of rows matching the operator's filters (NULL = any). A row whose
+-- content retention purged is never replayed (its payload, or its replies, are gone).
 SELECT id, state::text AS state, urgent, reminder_id, idempotency_key, last_status
 FROM deliveries
-WHERE state = ANY($1::delivery_state[])
+WHERE state = ANY($1::delivery_state[]) AND content_purged_at IS NULL
   AND ($2::timestamptz IS NULL OR created_at >= $2)
   AND ($3::timestamptz IS NULL OR created_at < $3)
   AND ($4::bigint IS NULL OR run_id = $4)
@@ -662,7 +669,7 @@ LIMIT $11;
 -- id order, like every statement that locks several deliveries.
 WITH locked AS (
     SELECT id FROM deliveries
-    WHERE id = ANY($1::bigint[]) AND state = 'dead'
+    WHERE id = ANY($1::bigint[]) AND state = 'dead' AND content_purged_at IS NULL
     ORDER BY id
     FOR UPDATE
 )
@@ -974,7 +981,8 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
            coalesce(d.destination, r.destination, ''), 'UTF8'))), 'hex'), 16) AS destination_ref,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.last_status, d.last_error, d.skip_reason, d.run_id, d.created_at,
-       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at, d.event_id
+       d.published_at, d.first_attempt_at, d.finished_at, d.dead_lettered_at, d.event_id,
+       d.content_purged_at
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 WHERE d.id = $1;
@@ -1079,7 +1087,8 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        coalesce(d.destination, r.destination) AS destination,
        r.schedule_kind, r.daily_at, r.cron, r.due_at, r.timezone, r.missed_policy,
        r.active AS reminder_active, r.next_due_at AS reminder_next_due_at,
-       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at, d.event_id
+       p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at, d.event_id,
+       d.content_purged_at
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 LEFT JOIN publish_runs AS p ON p.id = d.run_id
@@ -1095,7 +1104,7 @@ FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt;
 -- paging with $9 (the last id of the previous page).
 SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.state::text AS state,
        d.attempts, d.last_status, d.last_error, d.skip_reason, d.run_id, d.occurrence_at,
-       d.created_at, d.finished_at
+       d.created_at, d.finished_at, d.content_purged_at
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 WHERE ($1::text[] IS NULL OR d.state::text = ANY($1::text[]))
@@ -1119,7 +1128,9 @@ WITH recent AS (
     ORDER BY id DESC
     LIMIT $1
 )
-SELECT r.*, c.owed, c.delivered, c.skipped, c.dead, c.open
+SELECT r.id, r.kind, r.status, r.intended_fire_at, r.started_at, r.finished_at, r.held_at,
+       r.created_count, c.owed + p.owed AS owed, c.delivered + p.delivered AS delivered,
+       c.skipped + p.skipped AS skipped, c.dead + p.dead AS dead, c.open, p.owed AS purged
 FROM recent AS r
 CROSS JOIN LATERAL (
     SELECT count(*) AS owed,
@@ -1130,6 +1141,18 @@ CROSS JOIN LATERAL (
                AS open
     FROM deliveries AS d WHERE d.run_id = r.id
 ) AS c
+-- Rows retention purged: counted from the run's record ('channel/state/reason' -> rows).
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(n.value::int), 0) AS owed,
+           coalesce(sum(n.value::int) FILTER (WHERE split_part(n.key, '/', 2) = 'delivered'), 0)
+               AS delivered,
+           coalesce(sum(n.value::int) FILTER (WHERE split_part(n.key, '/', 2) = 'skipped'), 0)
+               AS skipped,
+           coalesce(sum(n.value::int) FILTER (WHERE split_part(n.key, '/', 2) = 'dead'), 0)
+               AS dead
+    FROM publish_runs AS pr, jsonb_each_text(pr.purged_counts) AS n
+    WHERE pr.id = r.id
+) AS p
 ORDER BY r.id DESC;
 
 -- name: run_exists
@@ -1267,7 +1290,9 @@ WITH locked AS (
     FOR UPDATE
 )
 UPDATE deliveries AS d SET state = 'pending', skip_reason = NULL, finished_at = NULL,
-                           run_id = $2
+                           run_id = $2,
+                           -- a paused skip never had content of its own to purge
+                           content_purged_at = NULL
 FROM locked
 WHERE d.id = locked.id AND d.state = 'skipped'
 RETURNING d.id, d.urgent, d.state, d.occurrence_at;
@@ -1278,7 +1303,8 @@ SELECT d.id, d.reminder_id, d.idempotency_key, d.channel, d.state::text AS state
        d.last_status, d.last_error, d.next_attempt_at, d.skip_reason, d.attempts,
        d.occurrence_at,
        CASE WHEN d.state = 'accepted' THEN extract(epoch FROM now() - d.finished_at)::float8
-            END AS accepted_seconds
+            END AS accepted_seconds,
+       d.content_purged_at
 FROM deliveries AS d
 WHERE d.source = 'outbox' AND d.state <> 'delivered' AND d.event_id IS NULL
 ORDER BY d.id DESC
@@ -1549,6 +1575,7 @@ FROM event_subscriptions AS s
 JOIN destinations AS d ON d.url = s.url
 JOIN events AS e ON event_pattern_matches(s.pattern, e.event_type)
 WHERE s.url = $1 AND s.pattern = $2 AND e.created_at >= $3 AND e.created_at < $4
+  AND e.content_purged_at IS NULL  -- refused before the retention horizon; never sent empty
   AND event_filter_matches(s.filter, e.payload)
 ORDER BY e.id
 ON CONFLICT (idempotency_key) DO NOTHING
@@ -1595,7 +1622,7 @@ LIMIT $1;
 SELECT e.id AS event_id, e.key AS event_key, e.event_type, e.created_at AS event_at,
        d.id, d.idempotency_key, d.reminder_id, d.channel, d.destination,
        d.state::text AS state, d.last_status, d.last_error, d.next_attempt_at, d.skip_reason,
-       d.attempts, d.occurrence_at
+       d.attempts, d.occurrence_at, d.content_purged_at
 FROM deliveries AS d
 JOIN events AS e ON e.id = d.event_id
 WHERE d.event_id IS NOT NULL AND d.state <> 'delivered'

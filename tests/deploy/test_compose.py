@@ -71,6 +71,8 @@ def test_compose_config_is_valid() -> None:
             str(COMPOSE),
             "--profile",
             "tools",
+            "--profile",
+            "purge",
             "config",
             "--format",
             "json",

@@ -176,7 +176,7 @@ def test_every_container_runs_a_real_relay_command() -> None:
                 argv = support.container_argv(container)
                 args = support.parse_relay_args(argv, f"{name}: {support.kind_name(obj)}")
                 commands.add(args.command)
-    assert commands == {"consume", "publish", "migrate", "replay", "console", "receipts"}
+    assert commands == {"consume", "publish", "migrate", "replay", "console", "receipts", "purge"}
 
 
 def test_env_vars_are_real_settings() -> None:
@@ -274,6 +274,8 @@ _SECRETS_BY_COMMAND = {
     # The providers' secrets that verify their callbacks; RELAY_AMQP_URL only because every
     # relay process's settings need one (relay receipts never connects to the broker).
     "receipts": _CONNECTIONS | {"RELAY_EMAIL_WEBHOOK_SECRETS", "RELAY_SMS_AUTH_TOKEN"},
+    # The database only: relay purge never connects to the broker.
+    "purge": {"RELAY_DATABASE_URL"},
 }
 
 

@@ -111,6 +111,8 @@ def test_every_instrument_is_exported() -> None:
         counters += isinstance(instrument, Counter | telemetry.LocalCounter)
         histograms += isinstance(instrument, Histogram)
     kinds = exported()
+    # Besides the instruments: the counters read from the ledger (relay_purge_rows_total).
+    counters += len(gauges.SNAPSHOT_COUNTERS)
     assert sum(1 for k in kinds.values() if k == "counter") == counters
     assert sum(1 for n, k in kinds.items() if k == "histogram" and n.endswith("_count")) == (
         histograms
