@@ -268,7 +268,8 @@ async def soak(args: argparse.Namespace, url: str) -> None:
             purged += summary.rows.get("deliveries", 0)
             if args.vacuum == "auto":
                 t = time.monotonic()
-                vacuums += sum(w.startswith("VACUUM") for w in await autovacuum(conn, args.vacuum_scale))
+                done = await autovacuum(conn, args.vacuum_scale)
+                vacuums += sum(w.startswith("VACUUM") for w in done)
                 timings["vacuum"] += time.monotonic() - t
             if (day + 1) % 7 == 0 or day + 1 == args.days:
                 series.append((day + 1, await sizes(conn)))
