@@ -181,6 +181,25 @@ async def dead_tuples(conn: asyncpg.Connection, table: str) -> tuple[int, int]:
     return (int(row["n_live_tup"]), int(row["n_dead_tup"])) if row else (0, 0)
 
 
+async def pair_sizes(conn: asyncpg.Connection, pair: str) -> str:
+    """Sizes of a deliveries table and its attempts (``deliveries`` or ``pdeliveries``)."""
+    attempts = "delivery_attempts" if pair == "deliveries" else f"{pair}_attempts"
+    parts = []
+    for table in (pair, attempts):
+        s = await relation_sizes(conn, table)
+        parts.append(f"{table} {mb(s['total'])} (heap {mb(s['heap'])}, indexes {mb(s['indexes'])})")
+    return "; ".join(parts)
+
+
+async def tuples(conn: asyncpg.Connection) -> str:
+    """Live and dead tuples of ``deliveries`` and ``delivery_attempts``."""
+    out = []
+    for table in ("deliveries", "delivery_attempts"):
+        live, dead = await dead_tuples(conn, table)
+        out.append(f"{table} {live:,} live / {dead:,} dead")
+    return ", ".join(out)
+
+
 async def bloat(conn: asyncpg.Connection, table: str) -> str:
     """Free space of the heap (pgstattuple_approx) and leaf density of each b-tree index
     (pgstatindex): what VACUUM made reusable but did not give back."""

@@ -38,6 +38,8 @@ import asyncio
 import itertools
 import json
 import os
+import random
+import statistics
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -88,25 +90,20 @@ def _month_name(m: datetime) -> str:
 
 
 async def _build_partitioned(conn: asyncpg.Connection) -> tuple[float, int, int]:
-    """The partitioned copy: DDL, monthly partitions, the rows copied. (s, WAL, own WAL)"""
+    """The partitioned copy, built as a migration would: bare tables and their monthly
+    partitions, the rows copied, then keys, indexes and the foreign key (one validating
+    join, not a check per row). Returns (seconds, WAL, WAL of the two copying INSERTs)."""
     started, lsn = time.monotonic(), await ret.wal_lsn(conn)
     await conn.execute(
         """
         CREATE TABLE pdeliveries (LIKE deliveries INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
             PARTITION BY RANGE (created_at);
-        ALTER TABLE pdeliveries ADD PRIMARY KEY (id, created_at),
-            ADD UNIQUE (idempotency_key, created_at);
         CREATE TABLE pdeliveries_attempts (
             LIKE delivery_attempts INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
             delivery_created_at timestamptz NOT NULL
         ) PARTITION BY RANGE (delivery_created_at);
-        ALTER TABLE pdeliveries_attempts
-            ADD PRIMARY KEY (delivery_id, delivery_created_at, attempt),
-            ADD FOREIGN KEY (delivery_id, delivery_created_at)
-                REFERENCES pdeliveries (id, created_at);
         """
     )
-    await _same_indexes(conn)
     for lo, hi in itertools.pairwise(MONTHS):
         for table in ("pdeliveries", "pdeliveries_attempts"):
             await conn.execute(
@@ -120,6 +117,19 @@ async def _build_partitioned(conn: asyncpg.Connection) -> tuple[float, int, int]
         " FROM delivery_attempts AS a JOIN deliveries AS d ON d.id = a.delivery_id",
     ):
         own += (await _explained(conn, sql))[1]
+    await conn.execute(
+        """
+        ALTER TABLE pdeliveries ADD PRIMARY KEY (id, created_at),
+            ADD UNIQUE (idempotency_key, created_at);
+        ALTER TABLE pdeliveries_attempts
+            ADD PRIMARY KEY (delivery_id, delivery_created_at, attempt);
+        """
+    )
+    await _same_indexes(conn)
+    await conn.execute(
+        "ALTER TABLE pdeliveries_attempts ADD FOREIGN KEY (delivery_id, delivery_created_at)"
+        " REFERENCES pdeliveries (id, created_at)"
+    )
     return time.monotonic() - started, await ret.wal_since(conn, lsn), own
 
 
@@ -228,26 +238,6 @@ async def partition_drop(conn: asyncpg.Connection) -> dict[str, float]:
     }
 
 
-async def _sizes(conn: asyncpg.Connection, pair: str) -> str:
-    attempts = "delivery_attempts" if pair == "deliveries" else f"{pair}_attempts"
-    parts = []
-    for table in (pair, attempts):
-        s = await ret.relation_sizes(conn, table)
-        parts.append(
-            f"{table} {ret.mb(s['total'])} (heap {ret.mb(s['heap'])}, "
-            f"indexes {ret.mb(s['indexes'])})"
-        )
-    return "; ".join(parts)
-
-
-async def _dead(conn: asyncpg.Connection) -> str:
-    out = []
-    for table in ("deliveries", "delivery_attempts"):
-        live, dead = await ret.dead_tuples(conn, table)
-        out.append(f"{table} {live:,} live / {dead:,} dead")
-    return ", ".join(out)
-
-
 async def _vacuum(conn: asyncpg.Connection) -> tuple[float, int]:
     started, lsn = time.monotonic(), await ret.wal_lsn(conn)
     await conn.execute("VACUUM deliveries")
@@ -279,6 +269,29 @@ async def _load(conn: asyncpg.Connection, args: argparse.Namespace) -> None:
     print(f"   loaded in {seconds:.0f} s (+ VACUUM ANALYZE)", flush=True)
 
 
+async def _lookups(conn: asyncpg.Connection, pages: int = 200, size: int = 200) -> str:
+    """The consumer finds its rows by id alone, which is not the partition key: each id is
+    looked for in every partition. Median time of one page of ``size`` random ids."""
+    rng = random.Random(1)
+    top = int(await conn.fetchval("SELECT max(id) FROM deliveries"))
+    out = []
+    for table in ("deliveries", "pdeliveries"):
+        sql = f"SELECT id, state FROM {table} WHERE id = ANY($1::bigint[])"
+        stmt = await conn.prepare(sql)
+        times = []
+        for _ in range(pages):
+            ids = [rng.randint(1, top) for _ in range(size)]
+            t = time.perf_counter()
+            await stmt.fetch(ids)
+            times.append(time.perf_counter() - t)
+        plan = await ret.plan_of(conn, sql, [1, 2])
+        out.append(
+            f"{table} {statistics.median(times) * 1000:.2f} ms per {size} ids "
+            f"({len([n for n in plan if 'Scan' in n])} index scans in its plan)"
+        )
+    return "; ".join(out)
+
+
 async def run(conn: asyncpg.Connection, url: str, args: argparse.Namespace) -> None:
     await _load(conn, args)
     total = await ret.counts(conn)
@@ -286,12 +299,13 @@ async def run(conn: asyncpg.Connection, url: str, args: argparse.Namespace) -> N
     await conn.execute("VACUUM ANALYZE pdeliveries, pdeliveries_attempts")
     print(
         f"rows: {total[0]:,} deliveries, {total[1]:,} attempts; before: "
-        f"{await _sizes(conn, 'deliveries')}\n"
-        f"migration to the partitioned layout (copying every row once, CREATE + INSERT ... "
-        f"SELECT): {build_s:.1f} s, WAL {ret.mb(build_wal)} (own statements "
-        f"{ret.mb(build_own)}); partitioned before: {await _sizes(conn, 'pdeliveries')}",
+        f"{await ret.pair_sizes(conn, 'deliveries')}\n"
+        f"migration to the partitioned layout (bare tables, INSERT ... SELECT, then keys, "
+        f"indexes and the foreign key): {build_s:.1f} s, WAL {ret.mb(build_wal)} (own statements "
+        f"{ret.mb(build_own)}); partitioned before: {await ret.pair_sizes(conn, 'pdeliveries')}",
         flush=True,
     )
+    print(f"lookups by id (as the claim and the outcome write do): {await _lookups(conn)}")
     lock = "" if args.plain else "FOR UPDATE SKIP LOCKED"
     if args.strategy == "relay":
         how = "service.purge.purge, as relay purge runs it: by (finished_at, id), SKIP LOCKED"
@@ -307,14 +321,14 @@ async def run(conn: asyncpg.Connection, url: str, args: argparse.Namespace) -> N
         f"{total[0] - after[0]:,} deliveries + {total[1] - after[1]:,} attempts in "
         f"{a['batches']:.0f} transactions, {a['seconds']:.1f} s ({rate:,.0f} deliveries/s); "
         f"WAL {ret.mb(a['wal'])}{own}\n"
-        f"    after: {await _sizes(conn, 'deliveries')}\n"
-        f"    tuples: {await _dead(conn)}",
+        f"    after: {await ret.pair_sizes(conn, 'deliveries')}\n"
+        f"    tuples: {await ret.tuples(conn)}",
         flush=True,
     )
     vac_s, vac_wal = await _vacuum(conn)
     print(
         f"    VACUUM of both tables: {vac_s:.1f} s, WAL {ret.mb(vac_wal)}; after: "
-        f"{await _sizes(conn, 'deliveries')}\n    tuples: {await _dead(conn)}\n"
+        f"{await ret.pair_sizes(conn, 'deliveries')}\n    tuples: {await ret.tuples(conn)}\n"
         f"    {await ret.bloat(conn, 'deliveries')}\n"
         f"    {await ret.bloat(conn, 'delivery_attempts')}",
         flush=True,
@@ -326,7 +340,7 @@ async def run(conn: asyncpg.Connection, url: str, args: argparse.Namespace) -> N
         f"{total[0] - left[0]:,} deliveries + {total[1] - left[1]:,} attempts in "
         f"{b['seconds']:.1f} s (of which the 'nothing open or recent' checks "
         f"{b['check_seconds']:.1f} s); WAL {ret.mb(b['wal'])}\n"
-        f"    after: {await _sizes(conn, 'pdeliveries')}",
+        f"    after: {await ret.pair_sizes(conn, 'pdeliveries')}",
         flush=True,
     )
     same = left == after
