@@ -133,6 +133,7 @@ class Run:
     count: int
     wall: float
     steady: float
+    first: float  # seconds from the consumer's start to its first delivery
     # p50, p99, max of finished_at - the consumer's start (every reminder due by then)
     late: tuple[float, float, float]
     raw_p99: float  # finished_at - occurrence_at (load and publish included)
@@ -256,7 +257,8 @@ async def _measure(args: argparse.Namespace, env: BenchEnv, mode: str, monitor: 
                 _stop(proc)
         await pool.close()
     return Run(
-        mode, args.count, wall, _steady(samples, args.count), late, raw_p99, deleted,
+        mode, args.count, wall, _steady(samples, args.count),
+        next(t for t, n in samples if n > 0), late, raw_p99, deleted,
         overlapped, groups, activity.describe(),
     )  # fmt: skip
 
@@ -286,9 +288,9 @@ async def one_run(args: argparse.Namespace, tpl: BenchEnv, number: int, mode: st
         )
     print(
         f"run {number} ({mode}): {run.wall:6.2f} s -> {run.rate:6.0f} deliveries/s (steady "
-        f"10-90 %: {run.steady:6.0f}/s) | lateness from the consumer's start p50 {p50:.2f} s, "
-        f"p99 {p99:.2f} s, max {worst:.2f} s (from due, load and publish included: p99 "
-        f"{run.raw_p99:.2f} s){purge} | partner "
+        f"10-90 %: {run.steady:6.0f}/s; first after {run.first:.1f} s) | lateness from the "
+        f"consumer's start p50 {p50:.2f} s, p99 {p99:.2f} s, max {worst:.2f} s (from due, "
+        f"load and publish included: p99 {run.raw_p99:.2f} s){purge} | partner "
         f"{'OK' if ok else 'MISMATCH ' + str(stats)}\n"
         f"   CPU during the drain: {describe_groups(run.groups, run.wall)}\n"
         f"   backends (pg_stat_activity every 100 ms): {run.activity}",
