@@ -15,18 +15,22 @@ DATABASE ... TEMPLATE ... STRATEGY FILE_COPY``) and its own broker namespace:
   started first, and the consumer once the purge has deleted its first rows; it must
   still be running when the drain ends (else the run says so), then it gets SIGTERM.
 
-Per run: deliveries/s (whole drain, and 10-90 %); lateness read from the ledger as
-``bench/lateness.py`` reads it (``finished_at`` minus the due time), with every drained
-reminder taken as due when the consumer starts (the database's clock just before): the
-raw ``finished_at - occurrence_at`` also counts the load, the publish and, with the purge,
-the wait for its first deletes, so it is printed but not judged; the CPU of every process,
-and every 100 ms what each backend of the database is doing
+Per run: deliveries/s (whole drain, and 10-90 %; progress read from the receiver's count
+every 100 ms, so the measurement puts no query on the database while it drains); lateness
+read from the ledger as ``bench/lateness.py`` reads it (``finished_at`` minus the due
+time), with every drained reminder taken as due when the consumer starts (the database's
+clock just before): the raw ``finished_at - occurrence_at`` also counts the load, the
+publish and, with the purge, the wait for its first deletes, so it is printed but not
+judged; the CPU of every process, and every 100 ms what each backend of the database is
+doing
 (``pg_stat_activity``: wait event, or CPU when active without one), by client
 (``application_name``: relay-consume, relay-purge). Targets (issue 27): deliveries/s
 changed by < 10 %, lateness p99 by < 0.5 s.
 
     .venv/bin/python bench/purge_under_drain.py                          # 3 pairs, 2,000,000
     .venv/bin/python bench/purge_under_drain.py --old 20000 --pairs 1 --count 2000  # a look
+    .venv/bin/python bench/purge_under_drain.py \
+        --purge-command ".venv/bin/python bench/throttled_purge.py 0.5"  # paused batches
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ from _common import (
 from drain import _partner_stats, _prepare, _spawn, _stop, _wait_port
 from lateness import _percentile
 
+from service import db
+
 TARGET_RATIO = 0.10
 TARGET_P99_SECONDS = 0.5
 
@@ -90,18 +96,23 @@ async def template(args: argparse.Namespace) -> AsyncIterator[BenchEnv]:
             await conn.execute("VACUUM ANALYZE delivery_attempts")
             sizes = await ret.relation_sizes(conn, "deliveries")
             attempts = await ret.relation_sizes(conn, "delivery_attempts")
+            # The consumer's sampler counts every row by state every few seconds.
+            started = time.monotonic()
+            await conn.fetch(db.q("overall_state_counts"))
+            counting = time.monotonic() - started
         finally:
             await conn.close()
         print(
             f"   template {env.database}: deliveries {ret.mb(sizes['total'])}, "
-            f"attempts {ret.mb(attempts['total'])}",
+            f"attempts {ret.mb(attempts['total'])}; overall_state_counts (the consumer's "
+            f"sampler) {counting * 1000:.0f} ms",
             flush=True,
         )
         yield env
 
 
 @asynccontextmanager
-async def cloned(tpl: BenchEnv) -> AsyncIterator[BenchEnv]:
+async def cloned(tpl: BenchEnv, keep_logs: bool = False) -> AsyncIterator[BenchEnv]:
     """A fresh file copy of the template, a broker namespace and a scratch directory of
     its own; all removed at the end."""
     tag = uuid.uuid4().hex[:8]
@@ -124,7 +135,10 @@ async def cloned(tpl: BenchEnv) -> AsyncIterator[BenchEnv]:
         finally:
             await admin.execute(f'DROP DATABASE IF EXISTS "{env.database}" WITH (FORCE)')
             await admin.close()
-            shutil.rmtree(env.scratch, ignore_errors=True)
+            if keep_logs:
+                print(f"   (logs kept in {env.scratch})")
+            else:
+                shutil.rmtree(env.scratch, ignore_errors=True)
 
 
 @dataclass
@@ -168,24 +182,31 @@ async def _purging(pool: asyncpg.Pool, purge: Any, timeout: float = 600) -> None
 
 
 async def _drained(
-    args: argparse.Namespace, pool: asyncpg.Pool, base: int, consumer: Any, started: float
+    args: argparse.Namespace, pool: asyncpg.Pool, port: int, consumer: Any, started: float
 ) -> list[tuple[float, int]]:
-    """Poll the drained rows (ids above the template's) until all are delivered."""
+    """Progress from the receiver's count of logical events every 100 ms (no query on the
+    database meanwhile), then the ledger until every drained row is 'delivered' (ids above
+    the template's); the last sample is that moment."""
     samples: list[tuple[float, int]] = []
-    delivered = 0
+    done, delivered = 0, 0
     while delivered < args.count:
         if consumer.poll() is not None:
             raise SystemExit(f"consumer exited {consumer.returncode} early")
         if time.monotonic() - started > args.timeout:
-            raise SystemExit(f"timed out after {args.timeout} s: {delivered} delivered")
-        delivered = int(
-            await pool.fetchval(
-                "SELECT count(*) FROM deliveries WHERE id > $1 AND state = 'delivered'", base
+            raise SystemExit(f"timed out after {args.timeout} s: {done} received")
+        if done < args.count:
+            done = int(str((await _partner_stats(port)).get("logical_events", 0)))
+            samples.append((time.monotonic() - started, done))
+        else:
+            delivered = int(
+                await pool.fetchval(
+                    "SELECT count(*) FROM deliveries WHERE id > $1 AND state = 'delivered'",
+                    args.old,
+                )
             )
-        )
-        samples.append((time.monotonic() - started, delivered))
         if delivered < args.count:
             await asyncio.sleep(0.1)
+    samples.append((time.monotonic() - started, delivered))
     return samples
 
 
@@ -215,7 +236,9 @@ def _with_app(env: BenchEnv, app: str) -> str:
     return f"{env.database_url}?application_name={app}"
 
 
-async def _measure(args: argparse.Namespace, env: BenchEnv, mode: str, monitor: CpuMonitor) -> Run:
+async def _measure(
+    args: argparse.Namespace, env: BenchEnv, port: int, mode: str, monitor: CpuMonitor
+) -> Run:
     """Start the purge (mode 'purge') and the consumer; measure the drain."""
     pool = await asyncpg.create_pool(
         env.database_url, min_size=1, max_size=2, server_settings={"application_name": "bench"}
@@ -245,7 +268,7 @@ async def _measure(args: argparse.Namespace, env: BenchEnv, mode: str, monitor: 
                 env.scratch / "consumer.log",
             )
             monitor.ours[consumer.pid] = "consumer"
-            samples = await _drained(args, pool, base, consumer, started)
+            samples = await _drained(args, pool, port, consumer, started)
         wall = samples[-1][0]
         groups = monitor.stop()
         overlapped = purge.poll() is None if purge is not None else None
@@ -264,7 +287,7 @@ async def _measure(args: argparse.Namespace, env: BenchEnv, mode: str, monitor: 
 
 
 async def one_run(args: argparse.Namespace, tpl: BenchEnv, number: int, mode: str) -> Run:
-    async with cloned(tpl) as env:
+    async with cloned(tpl, args.keep_logs) as env:
         port = free_port()
         receiver = [sys.executable, str(Path(__file__).with_name("receiver.py"))]
         partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")
@@ -273,7 +296,7 @@ async def one_run(args: argparse.Namespace, tpl: BenchEnv, number: int, mode: st
             await _prepare(args, env, port)
             monitor = CpuMonitor().start()
             monitor.ours[partner.pid] = "partner"
-            run = await _measure(args, env, mode, monitor)
+            run = await _measure(args, env, port, mode, monitor)
             stats = await _partner_stats(port)
         finally:
             _stop(partner)
@@ -334,6 +357,7 @@ async def main() -> None:
     parser.add_argument("--pool-size", type=int, default=10)
     parser.add_argument("--write-batch", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=300.0, help="per drain (s)")
+    parser.add_argument("--keep-logs", action="store_true", help="keep each run's logs")
     parser.add_argument(
         "--purge-command",
         type=shlex.split,
