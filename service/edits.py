@@ -12,15 +12,18 @@ seen):
   new schedule does not owe are skipped with reason ``rescheduled``: moving a reminder
   from 06:00 to 07:00 inside the publish look-ahead sends 07:00 only. Occurrences due
   before ``at`` were owed by the schedule in force then and are left alone, and so is
-  everything on a payload-only edit (a row reads the payload when it is sent).
+  everything on a payload-only edit (a row reads the payload when it is sent);
+* a line naming an erased reminder (``relay erase``) is left out (:func:`not_erased`):
+  the tombstone keeps no destination or payload, and a load never brings them back (the
+  statements guard it too, for an erasure that commits meanwhile).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from service import control, schedule, schedule_history
 from service.db import q
@@ -42,19 +45,38 @@ class Tally:
 
     rescheduled: int = 0  # reminders whose schedule changed
     skipped: int = 0  # admitted occurrences skipped 'rescheduled'
+    erased: int = 0  # lines naming erased reminders, left out
 
     def add(self, edited: Edited) -> None:
         self.rescheduled += len(edited.rescheduled)
         self.skipped += len(edited.skipped)
 
     def render(self) -> str:
-        """``""`` when no schedule changed, else what the change did to admitted rows."""
-        if not self.rescheduled:
-            return ""
-        return (
-            f"; schedule changed for {self.rescheduled} "
-            f"({self.skipped} admitted occurrences skipped: rescheduled)"
-        )
+        """``""`` when no schedule changed and no line was left out, else what happened."""
+        text = ""
+        if self.rescheduled:
+            text += (
+                f"; schedule changed for {self.rescheduled} "
+                f"({self.skipped} admitted occurrences skipped: rescheduled)"
+            )
+        if self.erased:
+            text += f"; {self.erased} lines name erased reminders (relay erase): not loaded"
+        return text
+
+
+T = TypeVar("T")
+
+
+async def not_erased(
+    conn: Connection, items: list[T], id_of: Callable[[T], str], tally: Tally | None
+) -> list[T]:
+    """``items`` but those whose reminder was erased (counted in ``tally``)."""
+    if not items:
+        return items
+    erased = {r["id"] for r in await conn.fetch(q("reminders_erased"), [id_of(i) for i in items])}
+    if tally is not None:
+        tally.erased += sum(1 for i in items if id_of(i) in erased)
+    return [i for i in items if id_of(i) not in erased] if erased else items
 
 
 async def upsert(
@@ -68,9 +90,10 @@ async def upsert(
     ids = list(schedules)
     locked = await conn.fetch(q("lock_reminder_schedules"), ids)
     before = {r["id"]: schedule.from_row(r) for r in locked}
+    erased = {r["id"] for r in locked if r["erased"]}  # the upsert leaves them as they are
     await conn.execute(q("upsert_reminders"), *columns)
     first = [i for i in ids if i not in before]
-    changed = [i for i in ids if i in before and before[i] != schedules[i]]
+    changed = [i for i in ids if i in before and i not in erased and before[i] != schedules[i]]
     await schedule_history.record(conn, first, changed, at)
     skipped = await _skip_unowed(conn, changed, schedules, at)
     return Edited(first, changed, skipped)

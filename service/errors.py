@@ -12,6 +12,9 @@ class ExitCode(enum.IntEnum):
     INCOMPLETE = 1  # the run did its work only in part: rows are left for the next run
     CONFIG = 2  # bad setting, bad arguments or bad input file: nothing was done
     UNAVAILABLE = 3  # a required server (database, broker) could not be reached
+    # Refused while something it would change is in flight (`relay erase` while one of the
+    # recipient's deliveries is being sent): nothing was done; run it again shortly.
+    IN_FLIGHT = 4
     BUG = 70  # an exception nobody expected (sysexits' EX_SOFTWARE): not 1, "incomplete"
 
 

@@ -13,14 +13,13 @@ import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
+if TYPE_CHECKING:
+    import jsonschema.exceptions
 
-# The draft a schema without "$schema" is read as.
-DEFAULT_DRAFT = jsonschema.Draft202012Validator
+# jsonschema is imported where a schema is checked, not at start-up: it is a third of the
+# import time of every `relay` command, and most of them never check a schema.
 _SIMPLE_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _SHOWN_CHARS = 80  # of a schema value quoted in a refusal
 _COMPILED = 256  # schemas whose validators are kept compiled
@@ -31,8 +30,11 @@ def schema_problem(schema: object) -> str | None:
     ``$schema``, 2020-12 by default)."""
     if not isinstance(schema, dict | bool):
         return "a JSON Schema must be a JSON object (or true / false)"
+    import jsonschema.exceptions
+    import jsonschema.validators
+
     try:
-        validator = jsonschema.validators.validator_for(schema, default=DEFAULT_DRAFT)
+        validator = jsonschema.validators.validator_for(schema, default=_default_draft())
         validator.check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:
         where = "".join(f"/{p}" for p in exc.absolute_path) or "/"
@@ -46,9 +48,18 @@ def schema_problem(schema: object) -> str | None:
 def _validator(schema_text: str) -> Any:
     """A compiled validator for the schema as canonical JSON (a schema is compiled once,
     not once per event)."""
+    import jsonschema.validators
+
     schema = json.loads(schema_text)
-    cls = jsonschema.validators.validator_for(schema, default=DEFAULT_DRAFT)
+    cls = jsonschema.validators.validator_for(schema, default=_default_draft())
     return cls(schema)
+
+
+def _default_draft() -> Any:
+    """The draft a schema without "$schema" is read as."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator
 
 
 def payload_problem(
@@ -58,6 +69,8 @@ def payload_problem(
     (no schema: any payload)."""
     if schema is None:
         return None
+    import jsonschema.exceptions
+
     validator = _validator(json.dumps(schema, sort_keys=True, separators=(",", ":")))
     error = jsonschema.exceptions.best_match(validator.iter_errors(payload))
     if error is None:

@@ -215,12 +215,26 @@ async def _audit(run: _Run) -> None:
     for table in AUDIT_TABLES:
         while True:
             async with run.conn.transaction():
-                gone = await run.conn.fetch(q(f"purge_audit_{table}"), cutoff, run.batch_size)
+                gone = await run.conn.fetch(_audit_delete(table), cutoff, run.batch_size)
                 await run.record([(table, "rows", len(gone))])
             done[f"{table}/rows"] = done.get(f"{table}/rows", 0) + len(gone)
             if len(gone) < run.batch_size:
                 break
     _logged(run, "audit", done)
+
+
+def _audit_delete(table: str) -> str:
+    """The statement that deletes one batch of ``table``'s audit records past the cutoff."""
+    return {
+        "run_actions": q("purge_audit_run_actions"),
+        "destination_actions": q("purge_audit_destination_actions"),
+        "replays": q("purge_audit_replays"),
+        "console_reveals": q("purge_audit_console_reveals"),
+        "console_sessions": q("purge_audit_console_sessions"),
+        "admission_pauses": q("purge_audit_admission_pauses"),
+        "suppressions": q("purge_audit_suppressions"),
+        "purge_runs": q("purge_audit_purge_runs"),
+    }[table]
 
 
 async def _runs(run: _Run) -> None:

@@ -10,6 +10,8 @@ that the inverse of an action undoes only what that action did (migration 0009):
   console, a failure streak). ``relay destinations enable`` resumes it.
 * ``gone``: paused when its destination answered 410 Gone. Enabling the destination is an
   operator saying it is back, so enable resumes it too.
+* ``erased``: its recipient was erased (``relay erase``): a tombstone without destination
+  or payload. Nothing revives it: not a reminders file line, not enable, not cancel.
 
 A paused reminder's deliveries are held, not skipped: it is not cancelled.
 """
@@ -25,3 +27,4 @@ class InactiveReason(enum.StrEnum):
     CANCELLED = "cancelled"
     DESTINATION_DISABLED = "destination_disabled"
     GONE = "gone"
+    ERASED = "erased"

@@ -215,7 +215,7 @@ class Facts:
 
     # When the newest purge run finished whole (Unix time); before the first, when
     # retention was installed (migration 0018), so a purge that never runs still alerts.
-    last_purge_finished: float
+    last_purge_finished: float | None
     # channel -> seconds since the oldest final delivery still kept ended (no entry: none)
     oldest_final_seconds: dict[str, float]
     # channel -> seconds since the oldest final delivery still holding its content ended
@@ -230,7 +230,7 @@ async def facts(executor: ledger.Executor) -> Facts:
     oldest = await executor.fetch(q("retention_oldest_final"))
     totals = await executor.fetch(q("retention_purge_totals"))
     return Facts(
-        last_purge_finished=last.timestamp(),
+        last_purge_finished=None if last is None else last.timestamp(),
         oldest_final_seconds={
             r["channel"]: r["final_seconds"] for r in oldest if r["final_seconds"] is not None
         },

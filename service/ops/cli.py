@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 import uvloop
 
 from service import errors, logs, settings
-from service.ops import cli_events, cli_operators, cli_purge, cli_receipts
+from service.ops import cli_erase, cli_events, cli_operators, cli_purge, cli_receipts
 from service.ops.console import cli_args as console_args
 
 _log = logs.get("cli")
@@ -59,6 +59,7 @@ HANDLERS = {
     **cli_operators.HANDLERS,
     **cli_receipts.HANDLERS,
     **cli_events.HANDLERS,
+    **cli_erase.HANDLERS,
     **console_args.HANDLERS,
     **cli_purge.HANDLERS,
 }
@@ -94,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="relay",
         description="Deliver scheduled reminders: one logical event per delivery, none lost.",
-        epilog="exit codes: 0 ok, 1 incomplete (or a bug: the message says so), "
-        "2 bad setting, argument or input (nothing done), 3 database or broker unavailable. "
-        + _SETTINGS_NOTE,
+        epilog="exit codes: 0 ok, 1 incomplete (rows left for the next run), "
+        "2 bad setting, argument or input (nothing done), 3 database or broker unavailable, "
+        "4 refused while deliveries are in flight (erase; nothing done), "
+        "70 a bug (an unexpected exception; the message says so). " + _SETTINGS_NOTE,
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -114,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partner_and_demo(sub)
     console_args.add(sub, _command)
     cli_receipts.add(sub, _command)
+    cli_erase.add(sub, _command)
     cli_purge.add(sub, _command)
     return parser
 
@@ -170,7 +173,10 @@ def _add_publish_and_rescue(sub: Subcommands) -> None:
     pub.add_argument(
         "--scheduled-at",
         default=None,
-        help="intended fire time (ISO 8601) for scheduler-lag accounting; default: this minute",
+        help=(
+            "intended fire time (ISO 8601) for scheduler-lag accounting; default: the oldest"
+            " due reminder's time when one is overdue, else now"
+        ),
     )
     _command(sub, "rescue", "republish rows whose message was lost", "relay rescue")
 

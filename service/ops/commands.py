@@ -181,7 +181,7 @@ async def reminders_cancel(args: argparse.Namespace, settings: Settings) -> int:
     async with _pool(settings) as pool:
         done = await ledger.cancel_reminder(pool, args.id)
     if not done:
-        print(f"relay: no reminder {args.id!r} to cancel (unknown, or already cancelled)",
+        print(f"relay: no reminder {args.id!r} to cancel (unknown, already cancelled, or erased)",
               file=sys.stderr)  # fmt: skip
         return errors.ExitCode.INCOMPLETE
     print(

@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from service import db, entry, errors, events, receipts, reconciliations
+from service import db, entry, errors, events, receipts, reconciliations, retention
 from service.ledger import State
 from service.ops import redaction
 from service.settings import Settings
@@ -61,7 +61,8 @@ def _schedule(row: asyncpg.Record) -> str | None:
 _ROW_FIELDS = (
     "id idempotency_key source channel provider state occurrence_at urgent attempts replays "
     "next_attempt_at last_status last_error receipt skip_reason run_id created_at "
-    "published_at first_attempt_at finished_at dead_lettered_at settled_at content_purged_at"
+    "published_at first_attempt_at finished_at dead_lettered_at settled_at rescued_at "
+    "republished_at republishes content_purged_at"
 ).split()
 
 
@@ -234,7 +235,14 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
         row = await pool.fetchrow(db.q("delivery_show"), args.id, args.key)
         if row is None:
             what = f"id {args.id}" if args.id is not None else f"key {args.key!r}"
-            print(f"relay: no delivery with {what}", file=sys.stderr)
+            reached = (await retention.horizon(pool)).rows_purged_before
+            purged = (
+                ""
+                if reached is None
+                else f" (rows of deliveries that ended before {reached:%Y-%m-%d %H:%M} UTC "
+                "were purged by retention)"
+            )
+            print(f"relay: no delivery with {what}{purged}", file=sys.stderr)
             return errors.ExitCode.INCOMPLETE
         attempts = list(await pool.fetch(db.q("delivery_attempts_of"), row["id"]))
         found = await receipts.of_delivery(pool, row["id"])

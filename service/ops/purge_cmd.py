@@ -33,7 +33,7 @@ async def main(args: argparse.Namespace, settings: Settings) -> int:
                 as_of,
                 batch_size=batch_size,
                 dry_run=args.dry_run,
-                progress=Progress("purge: rows"),
+                progress=Progress("purge: rows changed"),
                 crashpoints=crashpoints.CrashPoints(settings.crash_at),
             )
         except purge.PurgeBusy as exc:

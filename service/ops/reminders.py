@@ -322,7 +322,7 @@ async def load(
     tally: edits.Tally | None = None,
 ) -> int:
     """Validate and upsert a whole file in one transaction; return the number of lines
-    (``tally``, if given, counts the schedule edits and what they skipped).
+    (``tally``, if given: the schedule edits, what they skipped, lines of erased reminders).
 
     ``lines`` are text, or bytes (decoded here as UTF-8, so an invalid byte is reported
     with its line). Lines are read, checked and written in chunks, so memory stays flat
@@ -340,6 +340,7 @@ async def load(
         when: datetime = now or await conn.fetchval(db.q("db_now"))
         for chunk in _chunks(enumerate(lines, start=1)):
             items = parse_lines(chunk, when, allow, seen, problems)
+            items = await edits.not_erased(conn, items, lambda p: p.line.id, tally)
             await check_destinations(items, allow, verdicts, problems)
             await _enter_destinations(conn, items, registration, problems)
             if not problems.count and items:
@@ -375,9 +376,8 @@ async def _enter_destinations(
 
 
 def _destination(line: ReminderLine) -> str:
-    if line.channel != "webhook":
-        return line.destination
-    return destinations.normalise(line.destination)
+    webhook = line.channel == "webhook"
+    return destinations.normalise(line.destination) if webhook else line.destination
 
 
 def _columns(chunk: list[Prepared]) -> list[list[Any]]:

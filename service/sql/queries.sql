@@ -36,7 +36,8 @@ SELECT now();
 -- policy when it resumes); a changed payload bumps payload_version, which the consumer
 -- records on the attempt. Run by service/edits.py, which also keeps the schedule history
 -- and skips what a changed schedule no longer owes, in the same transaction. Whether it
--- is active, paused or cancelled is reminders_file_state's to say (run next, same tx).
+-- is active, paused or cancelled is reminders_file_state's to say (run next, same tx). An
+-- erased reminder (`relay erase`) is left as it is: a line never brings its recipient back.
 INSERT INTO reminders AS r (id, channel, destination, payload, schedule_kind, due_at, daily_at,
                             cron, timezone, missed_policy, stale_after, send_stale, urgent,
                             provider, active, next_due_at, event_type)
@@ -73,16 +74,24 @@ ON CONFLICT (id) DO UPDATE SET
              AND r.inactive_reason IS DISTINCT FROM 'cancelled'
         THEN r.next_due_at
         ELSE excluded.next_due_at END,
-    updated_at = now();
+    updated_at = now()
+WHERE r.inactive_reason IS DISTINCT FROM 'erased';
 
 -- name: lock_reminder_schedules
 -- A load's chunk: the schedules its reminders have now, locked in id order until the load
 -- commits, so no publish run admits an occurrence of a schedule being replaced (admission
 -- skips locked reminders) and the rows already admitted are all visible to the edit.
-SELECT id, schedule_kind, due_at, daily_at, cron, timezone FROM reminders
+-- Erased ones are named: the load leaves them as they are.
+SELECT id, schedule_kind, due_at, daily_at, cron, timezone,
+       inactive_reason IS NOT DISTINCT FROM 'erased' AS erased
+FROM reminders
 WHERE id = ANY($1::text[])
 ORDER BY id
 FOR UPDATE;
+
+-- name: reminders_erased
+-- Which of these reminders ($1) were erased (`relay erase`): a load leaves their lines out.
+SELECT id FROM reminders WHERE id = ANY($1::text[]) AND inactive_reason = 'erased';
 
 -- name: record_schedules
 -- The schedule history, after the upsert: reminders loaded for the first time ($1) start
@@ -124,6 +133,7 @@ ORDER BY id;
 -- cancels it; "active": true revives a cancelled one; without it a cancelled reminder stays
 -- cancelled (a re-load never undoes an operator's cancel). A webhook reminder whose
 -- destination is disabled is paused (`destinations enable` resumes it), whatever the line.
+-- An erased reminder stays erased, whatever the line.
 UPDATE reminders AS r SET active = s.reason IS NULL, inactive_reason = s.reason,
                           updated_at = now()
 FROM (
@@ -139,6 +149,7 @@ FROM (
            END AS reason
     FROM unnest($1::text[], $2::bool[]) AS t(id, wanted)
     JOIN reminders AS cur ON cur.id = t.id
+    WHERE cur.inactive_reason IS DISTINCT FROM 'erased'
 ) AS s
 WHERE r.id = s.id AND r.inactive_reason IS DISTINCT FROM s.reason;
 
@@ -159,9 +170,9 @@ FROM reminders WHERE id = $1;
 -- name: cancel_reminder
 -- An operator's cancel: no new occurrences; queued deliveries are skipped (cancelled) at
 -- send time. A reminder paused by its destination's disable is cancelled too, so enabling
--- the destination leaves it cancelled.
+-- the destination leaves it cancelled. An erased reminder stays erased.
 UPDATE reminders SET active = false, inactive_reason = 'cancelled', updated_at = now()
-WHERE id = $1 AND inactive_reason IS DISTINCT FROM 'cancelled'
+WHERE id = $1 AND (inactive_reason IS NULL OR inactive_reason NOT IN ('cancelled', 'erased'))
 RETURNING id;
 
 -- name: lock_due_reminders
@@ -665,11 +676,14 @@ LIMIT $11;
 
 -- name: reset_for_replay
 -- dead -> pending for another round of attempts; the attempt history stays, and the new
--- round's budget counts from here (round_start). Any other state is left alone. Locked in
--- id order, like every statement that locks several deliveries.
+-- round's budget counts from here (round_start). Any other state is left alone, and so
+-- is a row whose recipient was erased (`relay erase`: nothing to send it to) or whose
+-- content retention purged (`relay purge`: nothing to send). Locked in id order, like
+-- every statement that locks several deliveries.
 WITH locked AS (
     SELECT id FROM deliveries
-    WHERE id = ANY($1::bigint[]) AND state = 'dead' AND content_purged_at IS NULL
+    WHERE id = ANY($1::bigint[]) AND state = 'dead' AND erased_at IS NULL
+      AND content_purged_at IS NULL
     ORDER BY id
     FOR UPDATE
 )
@@ -1083,7 +1097,8 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        d.occurrence_at, d.urgent, d.state::text AS state, d.attempts, d.round_start, d.replays,
        d.next_attempt_at, d.lease_expires_at, d.last_status, d.last_error, d.receipt,
        d.skip_reason, d.run_id, d.created_at, d.published_at, d.first_attempt_at,
-       d.finished_at, d.dead_lettered_at, d.settled_at,
+       d.finished_at, d.dead_lettered_at, d.settled_at, d.rescued_at, d.republished_at,
+       d.republishes,
        coalesce(d.destination, r.destination) AS destination,
        r.schedule_kind, r.daily_at, r.cron, r.due_at, r.timezone, r.missed_policy,
        r.active AS reminder_active, r.next_due_at AS reminder_next_due_at,
@@ -1254,10 +1269,12 @@ WHERE coalesce(resumed_at, 'infinity'::timestamptz) > $1
 ORDER BY paused_at;
 
 -- name: backfill_reminders
+-- Never an erased reminder (`relay erase`): its recipient is gone.
 SELECT id, channel, provider, urgent, schedule_kind, due_at, daily_at, cron, timezone,
        missed_policy, next_due_at, active
 FROM reminders
-WHERE ($1::text IS NULL AND active) OR id = $1
+WHERE (($1::text IS NULL AND active) OR id = $1)
+  AND inactive_reason IS DISTINCT FROM 'erased'
 ORDER BY id;
 
 -- name: deliveries_by_keys
@@ -1282,10 +1299,11 @@ RETURNING d.id;
 
 -- name: reopen_paused
 -- Backfill: occurrences skipped because admission was paused are owed again, on purpose,
--- as rows of the backfill run. Any other row is left as it is.
+-- as rows of the backfill run. Any other row is left as it is (an erased one too).
 WITH locked AS (
     SELECT id FROM deliveries
     WHERE idempotency_key = ANY($1::text[]) AND state = 'skipped' AND skip_reason = 'paused'
+      AND erased_at IS NULL
     ORDER BY id
     FOR UPDATE
 )
@@ -1415,13 +1433,14 @@ WHERE state = 'accepted' AND finished_at < now() - make_interval(secs => $1);
 
 -- name: suppression_from_receipt
 -- A receipt that says the address will not take messages (a hard bounce, a complaint, a
--- permanent SMS error) suppresses the destination of its delivery, unless it already is.
+-- permanent SMS error) suppresses the destination of its delivery, unless it already is
+-- (or the delivery's recipient was erased: it has no destination any more).
 INSERT INTO suppressions (channel, address, reason, detail, delivery_id, created_by)
 SELECT d.channel, suppression_address(d.channel, coalesce(d.destination, r.destination)),
        $2, left($3, 500), d.id, 'relay receipts'
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
-WHERE d.id = $1 AND d.channel IN ('email', 'sms')
+WHERE d.id = $1 AND d.channel IN ('email', 'sms') AND d.erased_at IS NULL
   AND coalesce(d.destination, r.destination) IS NOT NULL
 ON CONFLICT (channel, address) WHERE removed_at IS NULL DO NOTHING
 RETURNING id;
@@ -1934,3 +1953,289 @@ FROM (VALUES ('webhook'), ('email'), ('sms')) AS c(channel);
 
 -- name: retention_purge_totals
 SELECT table_name, kind, rows FROM purge_totals;
+
+---------------------------------------------------------------------------- erasure
+-- `relay erase` (service/erasure.py): one recipient's data, table by table, in one
+-- transaction (rolled back for a dry run). Which column gets what, and why: the list in
+-- service/erasure_columns.py. Parameters: $1 the channel, $2 the recipient's stored
+-- spellings (exact values), $3 its reminders' ids; a scrub's $1 is the mention pattern.
+
+-- name: erase_spellings
+-- Every stored value that may be the recipient (the address lower-cased, or a URL's scheme
+-- and host, $2): the caller keeps those whose normalised form is the recipient's.
+SELECT destination AS stored FROM reminders
+WHERE channel = $1 AND starts_with(lower(destination), $2)
+UNION
+SELECT destination FROM deliveries
+WHERE channel = $1 AND destination IS NOT NULL AND starts_with(lower(destination), $2)
+UNION
+SELECT address FROM suppressions WHERE channel = $1 AND starts_with(lower(address), $2)
+UNION
+SELECT url FROM destinations WHERE $1 = 'webhook' AND starts_with(lower(url), $2);
+
+-- name: erase_reminders_of
+-- The recipient's reminders not erased yet, locked in id order first (as a load locks
+-- them), so no publish run admits for them meanwhile and no load edits them.
+SELECT id FROM reminders
+WHERE channel = $1 AND destination = ANY($2::text[])
+  AND inactive_reason IS DISTINCT FROM 'erased'
+ORDER BY id
+FOR UPDATE;
+
+-- name: erase_in_flight
+-- The recipient's deliveries not final, locked in id order: a consumer's claim waits for
+-- the erasure and then finds them skipped. One in 'sending' is in flight: the erasure is
+-- refused (its request may be on the wire; its outcome is still to be written).
+SELECT id, state::text AS state, lease_expires_at FROM deliveries
+WHERE ((channel = $1 AND destination = ANY($2::text[]))
+       OR (source = 'schedule' AND destination IS NULL AND reminder_id = ANY($3::text[])))
+  AND erased_at IS NULL AND state IN ('pending', 'queued', 'sending', 'retrying')
+ORDER BY id
+FOR UPDATE;
+
+-- name: erase_reminders
+-- The recipient's reminders become tombstones: id and schedule kept, no destination, no
+-- payload, inactive for good ('erased'), nothing more to fire.
+WITH changed AS (
+    UPDATE reminders SET destination = 'erased', payload = '{}'::jsonb, active = false,
+                         inactive_reason = 'erased', next_due_at = NULL, updated_at = now()
+    WHERE id = ANY($1::text[]) AND inactive_reason IS DISTINCT FROM 'erased'
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_deliveries
+-- The recipient's deliveries (its own destination, or its reminders' rows, which read the
+-- reminder's): those not sent yet -> skipped ('erased'); every one loses its destination,
+-- payload, last error and receipt (an outbox row keeps the placeholders its CHECK needs)
+-- and is stamped erased. A row claimed meanwhile is left out (the caller then refuses).
+WITH mine AS (
+    SELECT id, state FROM deliveries
+    WHERE ((channel = $1 AND destination = ANY($2::text[]))
+           OR (source = 'schedule' AND destination IS NULL AND reminder_id = ANY($3::text[])))
+      AND erased_at IS NULL AND state <> 'sending'
+    ORDER BY id
+    FOR UPDATE
+), changed AS (
+    UPDATE deliveries AS d SET
+        state = CASE WHEN m.open THEN 'skipped'::delivery_state ELSE d.state END,
+        skip_reason = CASE WHEN m.open THEN 'erased' ELSE d.skip_reason END,
+        finished_at = CASE WHEN m.open THEN now() ELSE d.finished_at END,
+        next_attempt_at = NULL,
+        stop_action_id = CASE WHEN m.open THEN NULL ELSE d.stop_action_id END,
+        -- A row whose content retention purged already has no payload (and an e-mail or
+        -- SMS no destination): it stays without (deliveries_outbox_content).
+        destination = CASE WHEN d.source = 'outbox'
+                                AND (d.content_purged_at IS NULL OR d.channel = 'webhook')
+                           THEN 'erased' END,
+        payload = CASE WHEN d.source = 'outbox' AND d.content_purged_at IS NULL
+                       THEN '{}'::jsonb END,
+        last_error = NULL, receipt = NULL, erased_at = now()
+    FROM (SELECT id, state, state IN ('pending', 'queued', 'retrying') AS open FROM mine) AS m
+    WHERE d.id = m.id AND d.state = m.state
+    RETURNING d.id, m.open
+)
+SELECT id, open FROM changed;
+
+-- name: erase_attempts
+-- The attempts of the recipient's deliveries ($1): no reply excerpt, no error text (a
+-- provider's answer may echo the address). Outcome, status, times and message id stay.
+WITH changed AS (
+    UPDATE delivery_attempts SET response_excerpt = NULL, error = NULL
+    WHERE delivery_id = ANY($1::bigint[])
+      AND (response_excerpt IS NOT NULL OR error IS NOT NULL)
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_receipts
+-- The receipts of the recipient's deliveries ($1): deleted (append-only: never rewritten).
+WITH gone AS (DELETE FROM receipts WHERE delivery_id = ANY($1::bigint[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_reconciliations
+WITH changed AS (
+    UPDATE reconciliations SET error = NULL, provider_status = NULL
+    WHERE delivery_id = ANY($1::bigint[])
+      AND (error IS NOT NULL OR provider_status IS NOT NULL)
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_suppressions
+-- The recipient's suppressions, lifted or in force: the address is the row.
+WITH gone AS (
+    DELETE FROM suppressions WHERE channel = $1 AND address = ANY($2::text[]) RETURNING 1
+)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_event_subscriptions
+WITH gone AS (DELETE FROM event_subscriptions WHERE url = ANY($1::text[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_destination_actions
+WITH gone AS (DELETE FROM destination_actions WHERE url = ANY($1::text[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_destination_secrets
+WITH gone AS (DELETE FROM destination_secrets WHERE url = ANY($1::text[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_destinations
+-- The registry's row of the recipient's URL (after what references it, above).
+WITH gone AS (DELETE FROM destinations WHERE url = ANY($1::text[]) RETURNING 1)
+SELECT count(*)::int FROM gone;
+
+-- name: erase_scrub_reminders
+-- Mentions ($1, case-insensitive) in other reminders' payloads -> '[erased]'.
+WITH hit AS (
+    SELECT id FROM reminders WHERE payload::text ~* $1 ORDER BY id FOR UPDATE
+), changed AS (
+    UPDATE reminders AS r SET payload = regexp_replace(r.payload::text, $1, '[erased]', 'gi')::jsonb
+    FROM hit WHERE r.id = hit.id
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_deliveries
+-- Mentions in any delivery's payload (an event's copy), last error or receipt; locked in
+-- id order, as every statement that locks several deliveries.
+WITH hit AS (
+    SELECT id FROM deliveries
+    WHERE payload::text ~* $1 OR last_error ~* $1 OR receipt ~* $1
+    ORDER BY id
+    FOR UPDATE
+), changed AS (
+    UPDATE deliveries AS d SET
+        payload = CASE WHEN d.payload::text ~* $1
+                       THEN regexp_replace(d.payload::text, $1, '[erased]', 'gi')::jsonb
+                       ELSE d.payload END,
+        last_error = left(regexp_replace(d.last_error, $1, '[erased]', 'gi'), 500),
+        receipt = left(regexp_replace(d.receipt, $1, '[erased]', 'gi'), 500)
+    FROM hit WHERE d.id = hit.id
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_attempts
+WITH changed AS (
+    UPDATE delivery_attempts SET
+        response_excerpt = left(regexp_replace(response_excerpt, $1, '[erased]', 'gi'), 1000),
+        error = left(regexp_replace(error, $1, '[erased]', 'gi'), 500)
+    WHERE response_excerpt ~* $1 OR error ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_suppressions
+WITH changed AS (
+    UPDATE suppressions SET
+        detail = left(regexp_replace(detail, $1, '[erased]', 'gi'), 500),
+        removed_reason = left(regexp_replace(removed_reason, $1, '[erased]', 'gi'), 500)
+    WHERE detail ~* $1 OR removed_reason ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_destinations
+WITH changed AS (
+    UPDATE destinations SET
+        disabled_reason = left(regexp_replace(disabled_reason, $1, '[erased]', 'gi'), 500)
+    WHERE disabled_reason ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_destination_actions
+WITH changed AS (
+    UPDATE destination_actions SET
+        reason = left(regexp_replace(reason, $1, '[erased]', 'gi'), 500)
+    WHERE reason ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_event_subscriptions
+WITH changed AS (
+    UPDATE event_subscriptions SET
+        filter = regexp_replace(filter::text, $1, '[erased]', 'gi')::jsonb
+    WHERE filter::text ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_events
+WITH changed AS (
+    UPDATE events SET payload = regexp_replace(payload::text, $1, '[erased]', 'gi')::jsonb
+    WHERE payload::text ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_event_types
+WITH changed AS (
+    UPDATE event_types SET
+        description = left(regexp_replace(description, $1, '[erased]', 'gi'), 500),
+        schema = CASE WHEN schema::text ~* $1
+                      THEN regexp_replace(schema::text, $1, '[erased]', 'gi')::jsonb
+                      ELSE schema END
+    WHERE description ~* $1 OR schema::text ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_publish_runs
+WITH changed AS (
+    UPDATE publish_runs SET error = regexp_replace(error, $1, '[erased]', 'gi')
+    WHERE error ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_run_actions
+WITH changed AS (
+    UPDATE run_actions SET reason = left(regexp_replace(reason, $1, '[erased]', 'gi'), 500)
+    WHERE reason ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_replays
+WITH changed AS (
+    UPDATE replays SET filters = regexp_replace(filters::text, $1, '[erased]', 'gi')::jsonb
+    WHERE filters::text ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_scrub_console_reveals
+WITH changed AS (
+    UPDATE console_reveals SET page = left(regexp_replace(page, $1, '[erased]', 'gi'), 300)
+    WHERE page ~* $1
+    RETURNING 1
+)
+SELECT count(*)::int FROM changed;
+
+-- name: erase_left_unerased
+-- After every step: the recipient's deliveries still not erased (claimed while the
+-- erasure ran: a row admitted or added meanwhile). Any: the caller refuses, rolling back.
+SELECT id, state::text AS state, lease_expires_at FROM deliveries
+WHERE ((channel = $1 AND destination = ANY($2::text[]))
+       OR (source = 'schedule' AND destination IS NULL AND reminder_id = ANY($3::text[])))
+  AND erased_at IS NULL
+ORDER BY id;
+
+-- name: erase_no_deadline
+-- An erasure reads whole tables (the scrubs): no statement deadline in its transaction.
+SET LOCAL statement_timeout = 0;
+
+-- name: erasure_record
+INSERT INTO erasures (channel, recipient_ref, operator, reason, counts)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING id, at;
+
+-- name: erasures_of
+-- Earlier erasures of the same recipient (its keyed hash), oldest first.
+SELECT id, channel, operator, reason, counts, at FROM erasures
+WHERE recipient_ref = $1
+ORDER BY id;

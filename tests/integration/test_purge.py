@@ -5,14 +5,17 @@ policy."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
-from service import retention
+from service import purge, retention
+from service.progress import Progress
 from service.settings import Settings
+from tests.support import console as cs
 from tests.support import relay as rs
 from tests.support import retention as history
 
@@ -136,6 +139,10 @@ async def test_the_report_and_deliveries_show_still_say_who_did_not_get_it_and_w
     assert (attempt["http_status"], attempt["reply_excerpt"]) == (404, None)
     text = await _text(settings, "deliveries", "show", str(dead))
     assert "content          purged " in text and "reply: (purged)" in text
+
+    gone = await rs.relay(settings, "deliveries", "show", str(seeded.deliveries["a_delivered"]))
+    assert gone.code == 1
+    assert "no delivery with id" in gone.stderr and "were purged by retention" in gone.stderr
 
     runs = await _json(settings, "runs", "list", "--all-runs")
     (listed,) = [r for r in runs["runs"] if r["run_id"] == seeded.runs["a"]]
@@ -289,3 +296,79 @@ async def test_a_setting_out_of_order_or_a_bad_batch_size_is_exit_2_naming_it(
     )
     bad = await rs.relay(settings, "purge", "--batch-size", "0")
     assert bad.code == 2 and "--batch-size: must be between 1 and 100000" in bad.stderr
+
+
+async def test_the_console_says_what_was_purged_too(settings: Settings, pool: asyncpg.Pool) -> None:
+    seeded = await history.seed(pool)
+    await _purge(settings)
+    dead, run_a = seeded.deliveries["a_dead"], seeded.runs["a"]
+    async with cs.console(settings) as c:
+        async with cs.client(headers=cs.bearer("ops-bot")) as http:
+            async with http.get(f"{c.url}/api/v1/deliveries/{dead}") as answer:
+                story = await answer.json()
+            assert story["content_purged_at"] is not None
+            assert [a["response_excerpt"] for a in story["attempt_list"]] == [None]
+            async with http.get(f"{c.url}/api/v1/runs") as answer:
+                (run,) = [r for r in (await answer.json())["runs"] if r["run_id"] == run_a]
+            assert run["states"] == {"delivered": 1, "skipped": 1, "dead": 2, "retrying": 1}
+            assert (run["content_purged"], run["rows_purged"]) == (1, 3)
+        async with cs.client() as http:
+            await cs.log_in(http, c.url)
+            async with http.get(f"{c.url}/deliveries/{dead}") as page:
+                text = await page.text()
+            assert 'id="delivery-content-purged"' in text and "(retention)" in text
+
+
+async def test_an_erasure_after_a_purge_leaves_what_retention_emptied_empty(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    seeded = await history.seed(pool)
+    await _purge(settings)
+    erased = await rs.relay(
+        settings,
+        "erase",
+        "--recipient",
+        history.HOOK + "o_webhook_40",
+        "--reason",
+        "partner asked",
+        "--apply",
+        ALLOW_NETWORKS="127.0.0.0/8",
+    )
+    assert erased.code == 0, erased.stderr
+    row = await pool.fetchrow(
+        "SELECT destination, payload, content_purged_at, erased_at FROM deliveries WHERE id = $1",
+        seeded.deliveries["o_webhook_40"],
+    )
+    assert row is not None
+    assert (row["destination"], row["payload"]) == ("erased", None)
+    assert row["content_purged_at"] is not None and row["erased_at"] is not None
+    # And a purge after the erasure goes on as before.
+    assert _nonzero((await _purge(settings))["rows"]) == history.EXPECTED[1]["rows"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_the_python_api_purges_as_of_any_instant_and_shows_progress_on_a_terminal(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """What a benchmark calls: ``purge(pool, policy, as_of, batch_size=...)``."""
+    seeded = await history.seed(pool)
+    policy = retention.Policy.from_settings(settings)
+    now = await pool.fetchval("SELECT now()")
+    screen = _Terminal()
+    first = await purge.purge(
+        pool, policy, now, batch_size=3, progress=Progress("purge", screen, every_seconds=0)
+    )
+    assert _nonzero(first.content) == history.EXPECTED[0]["content"]
+    assert "\rpurge: " in screen.getvalue() and screen.getvalue().endswith("\r\x1b[K")
+    # A thousand days on, every final row has gone but a suppression's evidence; open ones stay.
+    later = await purge.purge(pool, policy, now + timedelta(days=1000), batch_size=3)
+    assert later.status == "ok"
+    kept = {r["id"] for r in await pool.fetch("SELECT id FROM deliveries")}
+    assert kept == {seeded.deliveries[label] for label in (*history.OPEN, "o_email_suppressed_100")}
+    # Runs a and d keep their open rows (a_retrying, d_pending), so they stay.
+    runs = {r["id"] for r in await pool.fetch("SELECT id FROM publish_runs")}
+    assert runs == {seeded.runs["a"], seeded.runs["d"]}

@@ -8,7 +8,8 @@
 -- run report and `relay deliveries show` still say who did not get it, and say that the
 -- content was purged. Only a final row is purged, and a purged row never leaves its final
 -- state (replay and backfill leave it alone).
-ALTER TABLE deliveries ADD COLUMN content_purged_at timestamptz;
+-- IF NOT EXISTS: see the indexes below.
+ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS content_purged_at timestamptz;
 ALTER TABLE deliveries ADD CONSTRAINT deliveries_content_purged_final
     CHECK (content_purged_at IS NULL OR finished_at IS NOT NULL);
 ALTER TABLE deliveries ADD CONSTRAINT deliveries_content_purged_no_payload
@@ -24,13 +25,15 @@ ALTER TABLE deliveries ADD CONSTRAINT deliveries_outbox_content
 
 -- Purge finds final rows by channel and age without reading the table: those whose content
 -- is still kept (a window of the content period), and every final row (for row purge and
--- the oldest-row gauge). (finished_at is set exactly when a row is final.)
-CREATE INDEX deliveries_content_kept_idx ON deliveries (channel, finished_at, id)
+-- the oldest-row gauge). (finished_at is set exactly when a row is final.) IF NOT EXISTS: on a
+-- large ledger an operator may build these three beforehand with CREATE INDEX CONCURRENTLY
+-- (docs/deploy.md, "Upgrade and rollback"), so the migration does not hold writes meanwhile.
+CREATE INDEX IF NOT EXISTS deliveries_content_kept_idx ON deliveries (channel, finished_at, id)
     WHERE finished_at IS NOT NULL AND content_purged_at IS NULL;
-CREATE INDEX deliveries_final_idx ON deliveries (channel, finished_at, id)
+CREATE INDEX IF NOT EXISTS deliveries_final_idx ON deliveries (channel, finished_at, id)
     WHERE finished_at IS NOT NULL;
 -- Deleting a run action checks this foreign key: without an index, a scan of deliveries.
-CREATE INDEX deliveries_stop_action_idx ON deliveries (stop_action_id)
+CREATE INDEX IF NOT EXISTS deliveries_stop_action_idx ON deliveries (stop_action_id)
     WHERE stop_action_id IS NOT NULL;
 -- Likewise for deleting a delivery a suppression names (the receipt that added it).
 CREATE INDEX suppressions_delivery_idx ON suppressions (delivery_id)
