@@ -41,6 +41,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -377,9 +378,9 @@ async def main() -> None:
     await admin.execute(f'CREATE DATABASE "{name}"')
     try:
         env = {**os.environ, "RELAY_DATABASE_URL": db_url(name), "PYTHONPATH": str(REPO)}
-        scratch = Path(f"/tmp/{name}")
-        scratch.mkdir(exist_ok=True)
-        check(run_measured([*RELAY, "migrate"], env, scratch, "migrate"), "relay migrate")
+        with tempfile.TemporaryDirectory(prefix=f"{name}-") as scratch:
+            migrate = run_measured([*RELAY, "migrate"], env, Path(scratch), "migrate")
+            check(migrate, "relay migrate")
         conn = await asyncpg.connect(db_url(name))
         try:
             await run(conn, db_url(name), args)
