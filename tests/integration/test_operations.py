@@ -300,6 +300,9 @@ async def test_an_interrupted_demo_removes_its_database_namespace_and_processes(
 ) -> None:
     demo = await asyncio.create_subprocess_exec(
         *rs.relay_command("demo", "--reminders", "2000"),
+        # A pytest-xdist worker ignores SIGINT and a child inherits that: as from a shell,
+        # the demo must start with Ctrl-C's default action (Python's KeyboardInterrupt).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         env=rs.env_for(settings, STATE_DIR=str(tmp_path)),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
