@@ -15,13 +15,12 @@ import asyncpg
 
 from service.ops import partner as partner_mod
 from service.settings import Settings
+from tests.support import forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
 
-async def _crash_then_recover(
-    settings: Settings, point: str, log: Path
-) -> asyncio.subprocess.Process:
+async def _crash_then_recover(settings: Settings, point: str, log: Path) -> forked.RelayProcess:
     crashing = await rs.start_consumer(settings, CRASH_AT=point)
     code = await asyncio.wait_for(crashing.wait(), 30)
     assert code == -signal.SIGKILL, f"consumer was not killed at {point} (exit {code})"

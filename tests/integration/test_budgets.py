@@ -15,6 +15,7 @@ from consumer import budget
 from service import db, outbox
 from service.ops import partner as partner_mod
 from service.settings import Settings
+from tests.support import forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -23,7 +24,7 @@ async def _delivered(pool: asyncpg.Pool, n: int) -> bool:
     return (await rs.states(pool)).get("delivered", 0) >= n
 
 
-async def _stop_all(procs: list[asyncio.subprocess.Process]) -> None:
+async def _stop_all(procs: list[forked.RelayProcess]) -> None:
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     codes = [await asyncio.wait_for(p.wait(), 30) for p in procs]

@@ -5,7 +5,6 @@ the pages and /api/v1 show the ledger's facts."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Awaitable, Callable
 
@@ -14,6 +13,7 @@ import asyncpg
 
 from service.settings import Settings
 from tests.support import console as cs
+from tests.support import forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -273,14 +273,8 @@ async def test_relay_console_refuses_to_start_without_a_token_and_stops_on_sigte
     assert code == 0
 
 
-async def _start(settings: Settings, **env: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *rs.relay_command("console"),
-        env=rs.env_for(settings, **env),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        cwd=rs.REPO,
-    )
+async def _start(settings: Settings, **env: str) -> forked.RelayProcess:
+    return await forked.spawn(["console"], rs.env_for(settings, **env), stdout=forked.PIPE)
 
 
 async def test_a_run_is_held_from_its_page_and_released_by_the_api_both_recorded(

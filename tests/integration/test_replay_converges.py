@@ -16,7 +16,7 @@ import pytest
 from service import amqp, messages
 from service.ops import partner as partner_mod
 from service.settings import Settings
-from tests.support import broker
+from tests.support import broker, forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -42,14 +42,14 @@ async def _settled_dead(pool: asyncpg.Pool, n: int) -> bool:
     return bool(row["done"] == row["total"] == n)
 
 
-async def _stop(consumers: list[asyncio.subprocess.Process]) -> list[int]:
+async def _stop(consumers: list[forked.RelayProcess]) -> list[int]:
     for proc in consumers:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
     return [await asyncio.wait_for(p.wait(), 30) for p in consumers]
 
 
-async def _kill(consumers: list[asyncio.subprocess.Process]) -> None:
+async def _kill(consumers: list[forked.RelayProcess]) -> None:
     for proc in consumers:
         if proc.returncode is None:
             proc.kill()

@@ -10,7 +10,6 @@ command waits for their outcome, and one that failed is never sent again.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections import Counter
@@ -22,7 +21,7 @@ import pytest
 from service import db
 from service.ops import partner as partner_mod
 from service.settings import Settings
-from tests.support import broker
+from tests.support import broker, forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -70,7 +69,7 @@ def _error_lines(log: Path) -> list[str]:
 
 async def _claimed_waiting_for_budget(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, log: Path, prefix: str
-) -> tuple[int, asyncio.subprocess.Process]:
+) -> tuple[int, forked.RelayProcess]:
     """A run of 50 reminders, every one claimed by a consumer and waiting for a budget of
     10/s that is paused (as a throttle answer leaves it) until the test lets it flow."""
     await rs.load(pool, [rs.line(f"{prefix}{i:02d}", partner.url(prefix)) for i in range(CLAIMED)])
@@ -107,7 +106,7 @@ async def _let_the_budget_flow_until_every_claim_is_stopped(pool: asyncpg.Pool, 
     await rs.wait_for(all_stopped, 120, "every claim stopped at its last check", interval=0.5)
 
 
-async def _stop(consumer: asyncio.subprocess.Process) -> None:
+async def _stop(consumer: forked.RelayProcess) -> None:
     try:
         assert await rs.stop(consumer) == 0
     finally:

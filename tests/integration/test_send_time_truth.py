@@ -21,6 +21,7 @@ import pytest
 
 from service import destination_switch, destinations, outbox
 from service.settings import Settings
+from tests.support import forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -49,7 +50,7 @@ async def _all_final(pool: asyncpg.Pool, n: int) -> bool:
     return sum(counts.get(s, 0) for s in ("delivered", "skipped", "dead")) == n
 
 
-async def _stop(consumer: asyncio.subprocess.Process) -> int:
+async def _stop(consumer: forked.RelayProcess) -> int:
     if consumer.returncode is None:
         consumer.send_signal(signal.SIGTERM)
     return await asyncio.wait_for(consumer.wait(), 30)
@@ -98,7 +99,7 @@ async def test_cancel_committed_during_a_budget_wait_is_never_sent(
     assert (await rs.relay(settings, "publish")).code == 0
 
     blocker = await pool.acquire()
-    consumer: asyncio.subprocess.Process | None = None
+    consumer: forked.RelayProcess | None = None
     log = tmp_path / "consumer.log"
     try:
         tx = blocker.transaction()

@@ -49,6 +49,7 @@ from pydantic import SecretStr
 from service import brokers, db, messages, servers
 from service.ops import partner as partner_mod
 from service.settings import Settings
+from tests.support import forked
 from tests.support import relay as rs
 from tests.support.nodes import RabbitNode, free_port
 from tests.support.relay import RunningPartner
@@ -270,7 +271,7 @@ class Slot:
     index: int
     env: dict[str, str]
     log: Path
-    proc: asyncio.subprocess.Process | None = None
+    proc: forked.RelayProcess | None = None
     health_port: int = 0
     started: float = 0.0
     term_sent: float | None = None
@@ -557,13 +558,8 @@ class Fleet:
         while True:
             began = time.monotonic()
             with open(self.log_dir / "publish.log", "ab") as log:  # the child keeps a copy
-                proc = await asyncio.create_subprocess_exec(
-                    *rs.relay_command("publish"),
-                    env=rs.env_for(self.settings, **self.env),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=log,
-                    cwd=rs.REPO,
+                proc = await forked.spawn(
+                    ["publish"], rs.env_for(self.settings, **self.env), stderr=log
                 )
             code: int | None
             try:

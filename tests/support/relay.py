@@ -26,6 +26,7 @@ from service import amqp, netpolicy, telemetry
 from service.ops import partner as partner_mod
 from service.ops import reminders
 from service.settings import Settings
+from tests.support import forked
 
 REPO = Path(__file__).resolve().parents[2]
 # The networks tests send to (the partner endpoint on 127.0.0.1), as RELAY_ALLOW_NETWORKS.
@@ -74,14 +75,13 @@ def relay_command(*args: str) -> list[str]:
 async def relay(
     settings: Settings, *args: str, timeout: float = 60, stdin: str | None = None, **extra_env: str
 ) -> Result:
-    """Run ``relay ARGS`` as a subprocess and wait for it."""
-    proc = await asyncio.create_subprocess_exec(
-        *relay_command(*args),
-        env=env_for(settings, **extra_env),
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=REPO,
+    """Run ``relay ARGS`` as a real process (tests.support.forked) and wait for it."""
+    proc = await forked.spawn(
+        list(args),
+        env_for(settings, **extra_env),
+        stdin=forked.PIPE if stdin is not None else forked.DEVNULL,
+        stdout=forked.PIPE,
+        stderr=forked.PIPE,
     )
     out, err = await asyncio.wait_for(
         proc.communicate(stdin.encode() if stdin is not None else None), timeout
@@ -92,31 +92,20 @@ async def relay(
 
 async def start_consumer(
     settings: Settings, log_path: Path | None = None, **extra_env: str
-) -> asyncio.subprocess.Process:
-    """Start ``relay consume`` as a subprocess (kill it with SIGKILL or SIGTERM).
+) -> forked.RelayProcess:
+    """Start ``relay consume`` as a real process (kill it with SIGKILL or SIGTERM).
 
     With ``log_path``, its stderr (the JSON log) is appended there; the child holds its
     own copy of the file, so this process closes its one at once.
     """
+    env = env_for(settings, **extra_env)
     if log_path is None:
-        return await asyncio.create_subprocess_exec(
-            *relay_command("consume"),
-            env=env_for(settings, **extra_env),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            cwd=REPO,
-        )
+        return await forked.spawn(["consume"], env)
     with open(log_path, "ab") as log:
-        return await asyncio.create_subprocess_exec(
-            *relay_command("consume"),
-            env=env_for(settings, **extra_env),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=log,
-            cwd=REPO,
-        )
+        return await forked.spawn(["consume"], env, stderr=log)
 
 
-async def stop(proc: asyncio.subprocess.Process, timeout: float = 30) -> int:
+async def stop(proc: forked.RelayProcess, timeout: float = 30) -> int:
     """SIGTERM a relay process and return its exit code (fail after ``timeout``)."""
     proc.send_signal(signal.SIGTERM)
     return await asyncio.wait_for(proc.wait(), timeout)
