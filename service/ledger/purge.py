@@ -17,6 +17,12 @@ rows, each batch its own short transaction that locks only the rows it changes, 
    counts; a delivery whose receipt put an address on the suppression list stays while that
    suppression is kept.
 
+Paced (``rows_per_second``, ``relay purge``'s RELAY_RETENTION_PURGE_ROWS_PER_SECOND), each
+step sleeps after a committed batch, holding no transaction and no row lock, until its rows
+so far over its time so far are within the cap: a purge beside a drain takes a bounded share
+of the database's CPU and WAL (docs/benchmarks.md, "Purge under a drain"). A dry run is not
+paced.
+
 A run or an event whose last delivery goes in step 5 goes in the next run: so a dry run,
 which counts each step's candidates without changing anything, says what the run does.
 Nothing that is not final is ever touched: every change re-checks, under its lock, what the
@@ -26,8 +32,10 @@ ends where an uninterrupted one would have (every step is idempotent).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +45,7 @@ import asyncpg
 from service import ledger, logs
 from service.crashpoints import CrashPoints
 from service.db import q
+from service.pacing import Pacer
 from service.progress import Progress
 from service.retention import AUDIT_TABLES, DELIVERY_CHILDREN, Cutoffs, Policy, PurgeSummary
 from service.retention_settings import CHANNELS
@@ -61,10 +70,17 @@ class _Run:
     batch_size: int
     progress: Progress | None
     crash: CrashPoints
+    pacer: Pacer
 
     @property
     def dry(self) -> bool:
         return self.summary.dry_run
+
+    async def paced(self, rows: int) -> None:
+        """After a committed batch of the step's ``rows`` (outside any transaction): sleep
+        as long as the cap asks."""
+        if await self.pacer.done(rows):
+            self.summary.paced_seconds = self.pacer.paced_seconds
 
     async def record(self, counts: Sequence[tuple[str, str, int]]) -> None:
         """One batch's counts (table, kind, rows): into the summary and, applied, into the
@@ -73,7 +89,7 @@ class _Run:
             self.summary.add(kind, table, n)
         self.summary.batches += 1
         if self.progress is not None:
-            self.progress.update(self.summary.total)
+            self.progress.update(self.summary.total, note="" if self.dry else self.summary.pace())
         if self.dry or self.summary.run_id is None:
             return
         kept = [(t, k, n) for t, k, n in counts if n]
@@ -91,24 +107,31 @@ async def purge(
     as_of: datetime,
     *,
     batch_size: int = 5000,
+    rows_per_second: int = 0,
     dry_run: bool = False,
     progress: Progress | None = None,
     crashpoints: CrashPoints | None = None,
     host: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> PurgeSummary:
     """Purge (``dry_run``: count) what ``policy`` no longer keeps as of ``as_of``.
 
-    Applied, the run is recorded in ``purge_runs`` (its policy, counts, status) and the
-    totals behind ``relay_purge_rows_total`` grow batch by batch. Raises ``PurgeBusy`` if
-    another purge is running; a dry run takes no lock and writes nothing.
+    Applied, the run is recorded in ``purge_runs`` (its policy and cap, counts, status) and
+    the totals behind ``relay_purge_rows_total`` grow batch by batch. ``rows_per_second``
+    caps each step's rate (0: unpaced; a dry run never is), timed by ``clock`` and waited
+    out by ``sleep`` (a test's own). Raises ``PurgeBusy`` if another purge is running; a
+    dry run takes no lock and writes nothing.
     """
-    summary = PurgeSummary(dry_run, as_of, policy.as_dict())
+    cap = 0 if dry_run else rows_per_second
+    summary = PurgeSummary(dry_run, as_of, policy.as_dict() | {"rows_per_second": cap}, cap)
     async with pool.acquire() as conn:
         if not dry_run and not await conn.fetchval(q("purge_lock")):
             raise PurgeBusy("another relay purge is running: this one did nothing")
         run = _Run(
-            conn, summary, policy.cutoffs(as_of), batch_size, progress, crashpoints or CrashPoints()
-        )
+            conn, summary, policy.cutoffs(as_of), batch_size, progress,
+            crashpoints or CrashPoints(), Pacer(cap, clock=clock, sleep=sleep),
+        )  # fmt: skip
         try:
             if not dry_run:
                 await conn.execute(q("purge_runs_interrupted"))
@@ -174,6 +197,7 @@ async def _batched(
     (a dry run: ``count`` them). Logs the step's totals."""
     after: tuple[datetime, int] = (_EPOCH, 0)
     done: dict[str, int] = {}
+    run.pacer.restart()
     while True:
         page = await pick(after[0], after[1])
         if not page:
@@ -189,6 +213,7 @@ async def _batched(
                 await run.record(counts)
             if crash_point:
                 run.crash.hit(crash_point)
+            await run.paced(len(ids))
         for table, kind, n in counts:
             done[f"{table}/{kind}"] = done.get(f"{table}/{kind}", 0) + n
         if len(page) < run.batch_size:
@@ -197,8 +222,9 @@ async def _batched(
 
 
 def _logged(run: _Run, step: str, counts: dict[str, int]) -> None:
+    paced = round(run.pacer.window_paced_seconds, 3)
     log.info("purge step", extra={"event": "purge_step", "step": step, "counts": counts,
-                                  "dry_run": run.dry})  # fmt: skip
+                                  "dry_run": run.dry, "paced_seconds": paced})  # fmt: skip
 
 
 async def _audit(run: _Run) -> None:
@@ -212,11 +238,13 @@ async def _audit(run: _Run) -> None:
         _logged(run, "audit", {f"{t}/rows": row[t] for t in AUDIT_TABLES})
         return
     done: dict[str, int] = {}
+    run.pacer.restart()
     for table in AUDIT_TABLES:
         while True:
             async with run.conn.transaction():
                 gone = await run.conn.fetch(_audit_delete(table), cutoff, run.batch_size)
                 await run.record([(table, "rows", len(gone))])
+            await run.paced(len(gone))
             done[f"{table}/rows"] = done.get(f"{table}/rows", 0) + len(gone)
             if len(gone) < run.batch_size:
                 break

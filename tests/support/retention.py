@@ -123,6 +123,13 @@ async def seed(pool: asyncpg.Pool) -> Seeded:
     return seeded
 
 
+async def seed_final(pool: asyncpg.Pool, specs: list[Spec]) -> dict[str, int]:
+    """Just these deliveries (outbox intents, no run, no event): label -> id."""
+    now = await pool.fetchval(q("db_now"))
+    async with pool.acquire() as conn:
+        return {spec.label: await _delivery(conn, spec, Seeded(), now) for spec in specs}
+
+
 async def _run(conn: ledger.Connection, finished: datetime) -> int:
     started = await publish_runs.start(conn, "publish", finished, "seed")
     await publish_runs.finish(conn, started.run_id, "ok", due=0, created=0, skipped=0, published=0,
