@@ -33,14 +33,14 @@ class Pacer:
         self.paced_seconds = 0.0  # slept so far, every window together
         self.window_paced_seconds = 0.0  # slept in this window
         self._clock, self._sleep, self._carry = clock, sleep, carry_seconds
-        self._start, self._rows = clock(), 0
+        self._start, self._rows = clock(), 0.0
 
     def restart(self) -> None:
         """A new window (a new step): its own rows, from now."""
-        self._start, self._rows = self._clock(), 0
+        self._start, self._rows = self._clock(), 0.0
         self.window_paced_seconds = 0.0
 
-    async def done(self, rows: int) -> float:
+    async def done(self, rows: float) -> float:
         """``rows`` more are done: sleep while the window is ahead of the cap. Returns the
         seconds slept."""
         if self.rows_per_second == 0:

@@ -10,18 +10,18 @@ rows, each batch its own short transaction that locks only the rows it changes, 
 2. publish runs past their period that have no delivery and no run action left;
 3. events past the webhook row period that no delivery names;
 4. the content of final deliveries past their kind's content period (a dead one: the dead
-   period): payload, an e-mail's or SMS's recipient, every reply excerpt; then the payload
-   of events past the webhook content period;
+   period): payload, an e-mail's or SMS's recipient, every reply excerpt (passing over
+   those whose row step 5 deletes); then the payload of events past the webhook content
+   period;
 5. the rows of final deliveries past their kind's row period (a dead one: the dead row
    period), children first (attempts, receipts, reconciliations), their runs keeping the
    counts; a delivery whose receipt put an address on the suppression list stays while that
    suppression is kept.
 
-Paced (``rows_per_second``, ``relay purge``'s RELAY_RETENTION_PURGE_ROWS_PER_SECOND), each
-step sleeps after a committed batch, holding no transaction and no row lock, until its rows
-so far over its time so far are within the cap: a purge beside a drain takes a bounded share
-of the database's CPU and WAL (docs/benchmarks.md, "Purge under a drain"). A dry run is not
-paced.
+Paced (``rows_per_second``: RELAY_RETENTION_PURGE_ROWS_PER_SECOND), a step sleeps after each
+committed batch, holding no transaction and no row lock, until its rows so far over its time
+so far are within the cap: a purge beside a drain takes a bounded share of the database's
+CPU and WAL (docs/benchmarks.md, "Purge under a drain"). A dry run is not paced.
 
 A run or an event whose last delivery goes in step 5 goes in the next run: so a dry run,
 which counts each step's candidates without changing anything, says what the run does.
@@ -54,6 +54,9 @@ log = logs.get("purge")
 _EPOCH = datetime.min.replace(tzinfo=UTC)  # before any row: the keyset's start
 # A failed run is recorded if its connection still answers; if not, the next run marks it.
 _GONE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# A row the content step passes over counts this much against the cap: it is only read
+# (~3-5 us against ~90 us per delivery deleted, 40,000 rows; docs/benchmarks.md).
+_PASSED_OVER_WEIGHT = 0.1
 
 
 class PurgeBusy(Exception):
@@ -76,7 +79,7 @@ class _Run:
     def dry(self) -> bool:
         return self.summary.dry_run
 
-    async def paced(self, rows: int) -> None:
+    async def paced(self, rows: float) -> None:
         """After a committed batch of the step's ``rows`` (outside any transaction): sleep
         as long as the cap asks."""
         if await self.pacer.done(rows):
@@ -194,7 +197,8 @@ async def _batched(
     run: _Run, name: str, pick: Pick, change: Change, count: Count, crash_point: str = ""
 ) -> None:
     """Page through ``pick``'s candidates; apply ``change`` to each page in a transaction
-    (a dry run: ``count`` them). Logs the step's totals."""
+    (a dry run: ``count`` them). A row the pick marks ``passed_over`` moves the keyset on
+    and is left alone. Logs the step's totals."""
     after: tuple[datetime, int] = (_EPOCH, 0)
     done: dict[str, int] = {}
     run.pacer.restart()
@@ -203,17 +207,19 @@ async def _batched(
         if not page:
             break
         after = (page[-1][1], page[-1][0])
-        ids = [r[0] for r in page]
-        if run.dry:
+        ids = [r[0] for r in page if not r.get("passed_over")]
+        counts: Sequence[tuple[str, str, int]] = []
+        if ids and run.dry:
             counts = await count(ids)
             await run.record(counts)
-        else:
+        elif ids:
             async with run.conn.transaction():
                 counts = await change(ids)
                 await run.record(counts)
             if crash_point:
                 run.crash.hit(crash_point)
-            await run.paced(len(ids))
+        if not run.dry:
+            await run.paced(len(ids) + (len(page) - len(ids)) * _PASSED_OVER_WEIGHT)
         for table, kind, n in counts:
             done[f"{table}/{kind}"] = done.get(f"{table}/{kind}", 0) + n
         if len(page) < run.batch_size:
@@ -310,9 +316,11 @@ async def _delivery_content(run: _Run, channel: str) -> None:
         return
 
     async def pick(at: datetime, after: int) -> list[asyncpg.Record]:
+        c = run.cutoffs  # with the row cutoffs: a row step 5 deletes comes back passed_over
         return await run.conn.fetch(
-            q("purge_content_pick"), channel, cutoff, dead, at, after, run.batch_size
-        )
+            q("purge_content_pick"), channel, cutoff, dead, at, after, run.batch_size,
+            c.rows[channel], c.dead_rows, c.audit,
+        )  # fmt: skip
 
     async def change(ids: list[int]) -> list[tuple[str, str, int]]:
         row = await run.conn.fetchrow(q("purge_content_apply"), ids, cutoff, dead)

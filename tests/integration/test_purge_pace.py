@@ -68,14 +68,16 @@ async def test_a_paced_purge_sleeps_after_each_committed_batch_never_inside_one(
         rows_per_second=100, clock=clock, sleep=clock.sleep,
     )  # fmt: skip
     assert (summary.status, summary.rows["deliveries"]) == ("ok", 40)
-    # Each batch of 10 at 100 rows/s: a 0.1 s pause once it committed (its rows already gone
-    # for another connection), with no transaction open and no lock on deliveries held.
-    # The content step strips the 40 first (batches of 10), then the rows step deletes them.
+    # The content step reads the 40 and passes them over (their rows go in this run): a
+    # tenth of a row each against the cap. Then each batch of 10 the rows step deletes, at
+    # 100 rows/s: a 0.1 s pause once it committed (its rows already gone for another
+    # connection), with no transaction open and no lock on deliveries held.
     assert clock.seen == [
-        (0.1, 40, 30, 0, 0), (0.1, 40, 20, 0, 0), (0.1, 40, 10, 0, 0), (0.1, 40, 0, 0, 0),
-        (0.1, 30, 0, 0, 0), (0.1, 20, 0, 0, 0), (0.1, 10, 0, 0, 0), (0.1, 0, 0, 0, 0),
+        *[(0.01, 40, 40, 0, 0)] * 4,
+        (0.1, 30, 30, 0, 0), (0.1, 20, 20, 0, 0), (0.1, 10, 10, 0, 0), (0.1, 0, 0, 0, 0),
     ]  # fmt: skip
-    assert round(summary.paced_seconds, 6) == 0.8 and summary.rows_per_second == 100
+    assert round(summary.paced_seconds, 6) == 0.44 and summary.rows_per_second == 100
+    assert summary.content["deliveries"] == 0 and summary.rows["deliveries"] == 40
     recorded = await pool.fetchval("SELECT policy FROM purge_runs WHERE id = $1", summary.run_id)
     assert recorded["rows_per_second"] == 100
 
