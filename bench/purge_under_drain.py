@@ -4,14 +4,16 @@ drain (issue 27, item 2's proof)?
 Once: a template database (``CREATE DATABASE`` + ``relay migrate``) loaded with N old final
 deliveries (default 2,000,000; ~1.5 attempts each; ended 380 to 200 days ago, so past every
 default period, the dead one's too) whose content a daily purge has already removed (the
-purge's work is deleting rows; ``--with-content`` keeps payloads and excerpts, so the purge
-first clears them, as the first purge after an upgrade does). Then pairs of runs, back to
-back, alternating which goes first; each run on a fresh copy of the template (``CREATE
-DATABASE ... TEMPLATE ... STRATEGY FILE_COPY``) and its own broker namespace:
+purge's work is deleting rows; ``--with-content`` keeps payloads and excerpts, as the first
+purge after an upgrade finds them: its content step reads and passes over the rows its rows
+step deletes). Then pairs of runs, back to back, alternating which goes first; each run on
+a fresh copy of the template (``CREATE DATABASE ... TEMPLATE ... STRATEGY FILE_COPY``) and
+its own broker namespace:
 
 * as ``bench/drain.py``: the lean receiver, 20,000 reminders due now loaded and queued
   (``relay reminders load`` + ``relay publish``), then ONE ``relay consume`` drains them;
-* ``alone``: nothing else; ``purge``: ``relay purge`` (a subprocess, default settings) is
+* ``alone``: nothing else; ``purge``: ``relay purge`` (a subprocess, default settings but
+  its pace: ``--rows-per-second``, default relay purge's own, 1,500; 0: unpaced) is
   started first, and the consumer once the purge has deleted its first rows; it must
   still be running when the drain ends (else the run says so), then it gets SIGTERM.
 
@@ -29,8 +31,7 @@ changed by < 10 %, lateness p99 by < 0.5 s.
 
     .venv/bin/python bench/purge_under_drain.py                          # 3 pairs, 2,000,000
     .venv/bin/python bench/purge_under_drain.py --old 20000 --pairs 1 --count 2000  # a look
-    .venv/bin/python bench/purge_under_drain.py \
-        --purge-command ".venv/bin/python bench/throttled_purge.py 0.5"  # paused batches
+    .venv/bin/python bench/purge_under_drain.py --rows-per-second 0     # unpaced, as before
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from drain import _partner_stats, _prepare, _spawn, _stop, _wait_port
 from lateness import _percentile
 
 from service import db
+from service.retention_settings import RetentionSettings
 
 TARGET_RATIO = 0.10
 TARGET_P99_SECONDS = 0.5
@@ -249,7 +251,10 @@ async def _measure(
         if mode == "purge":
             purge = _spawn(
                 args.purge_command,
-                env.env(database_url=_with_app(env, "relay-purge")),
+                env.env(
+                    database_url=_with_app(env, "relay-purge"),
+                    retention_purge_rows_per_second=str(args.rows_per_second),
+                ),
                 env.scratch / "purge.log",
             )
             monitor.ours[purge.pid] = "purge"
@@ -324,9 +329,10 @@ async def one_run(args: argparse.Namespace, tpl: BenchEnv, number: int, mode: st
     return run
 
 
-def _summary(pairs: list[tuple[Run, Run]]) -> None:
+def _summary(pairs: list[tuple[Run, Run]], rows_per_second: int) -> None:
     """Per pair and the median: the change of deliveries/s with the purge (negative:
     slower; the target bounds the slowdown) and of lateness p99."""
+    print(f"purge pace: {_pace(rows_per_second)}")
     changes, deltas = [], []
     for i, (alone, purge) in enumerate(pairs, 1):
         change = purge.rate / alone.rate - 1
@@ -348,6 +354,12 @@ def _summary(pairs: list[tuple[Run, Run]]) -> None:
     )
 
 
+def _pace(rows_per_second: int) -> str:
+    if rows_per_second == 0:
+        return "unpaced (--rows-per-second 0)"
+    return f"at most {rows_per_second:,} rows/s per step (--rows-per-second)"
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--old", type=int, default=2_000_000, help="old final deliveries")
@@ -365,11 +377,19 @@ async def main() -> None:
         default=[*RELAY, "purge"],
         help="what runs as the purge (default: relay purge)",
     )
+    parser.add_argument(
+        "--rows-per-second",
+        type=int,
+        default=RetentionSettings.model_fields["retention_purge_rows_per_second"].default,
+        help="the purge's pace (RELAY_RETENTION_PURGE_ROWS_PER_SECOND; default relay "
+        "purge's own; 0: unpaced)",
+    )
     args = parser.parse_args()
     print(
         f"== purge under drain: {args.old:,} old rows "
         f"({'with' if args.with_content else 'content already purged'}), drains of "
-        f"{args.count:,}, {args.pairs} pairs; load average {load_average()}; "
+        f"{args.count:,}, {args.pairs} pairs, purge {_pace(args.rows_per_second)}; load "
+        f"average {load_average()}; "
         f"{os.cpu_count()} CPUs",
         flush=True,
     )
@@ -381,7 +401,7 @@ async def main() -> None:
                 mode: await one_run(args, tpl, 2 * i + n + 1, mode) for n, mode in enumerate(order)
             }
             pairs.append((runs["alone"], runs["purge"]))
-    _summary(pairs)
+    _summary(pairs, args.rows_per_second)
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("erasures", "channel", N, _CODE),
     # retention's own records (0018): counts and the policy, never a row's content
     Column("publish_runs", "purged_counts", N, "'channel/state/skip reason' -> rows purged"),
-    Column("purge_runs", "policy", N, "the retention periods in days"),
+    Column("purge_runs", "policy", N, "the retention periods in days and the pace (rows/s)"),
     Column("purge_runs", "counts", N, "'table/kind' -> rows purged"),
     Column("purge_runs", "status", N, _CODE),
     Column("purge_runs", "host", N, "the host that ran the purge"),

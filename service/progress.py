@@ -25,7 +25,7 @@ class Progress:
             self.enabled = False
         self._shown = False
 
-    def update(self, done: int, total: int | None = None) -> None:
+    def update(self, done: int, total: int | None = None, note: str = "") -> None:
         if not self.enabled:
             return
         now = time.monotonic()
@@ -33,7 +33,8 @@ class Progress:
             return
         self._last = now
         of = f"/{total}" if total is not None else ""
-        self._stream.write(f"\r{self._label}: {done}{of}\x1b[K")
+        more = f" ({note})" if note else ""
+        self._stream.write(f"\r{self._label}: {done}{of}{more}\x1b[K")
         self._stream.flush()
         self._shown = True
 

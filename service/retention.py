@@ -117,6 +117,8 @@ class PurgeSummary:
     dry_run: bool
     as_of: datetime
     policy: dict[str, Any]
+    rows_per_second: int = 0  # the cap in force (0: unpaced, as a dry run always is)
+    paced_seconds: float = 0.0  # slept to keep within it
     run_id: int | None = None  # the purge_runs row (None for a dry run)
     status: str = "running"  # ok when every step ran to its end
     batches: int = 0
@@ -141,6 +143,12 @@ class PurgeSummary:
     def total(self) -> int:
         return sum(self.content.values()) + sum(self.rows.values())
 
+    def pace(self) -> str:
+        """The cap in force and the time paced so far, for the progress line and summary."""
+        if not self.rows_per_second:
+            return "unpaced"
+        return f"at most {self.rows_per_second:,} rows/s, paced {self.paced_seconds:.1f} s"
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
@@ -148,6 +156,8 @@ class PurgeSummary:
             "purge_run_id": self.run_id,
             "status": self.status,
             "batches": self.batches,
+            "rows_per_second": self.rows_per_second,
+            "paced_seconds": round(self.paced_seconds, 3),
             "policy": self.policy,
             "content": dict(self.content),
             "rows": dict(self.rows),
@@ -164,6 +174,8 @@ class PurgeSummary:
         lines.append(f"  rows {verb}: " + _counts(self.rows, self.by_channel["rows"]))
         if self.dry_run:
             lines.append("  dry run: nothing changed; run without --dry-run to do it")
+        else:
+            lines.append(f"  pace: {self.pace()}")
         return "\n".join(lines)
 
 

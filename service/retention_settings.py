@@ -84,6 +84,14 @@ class RetentionSettings(BaseSettings):
         description="Rows `relay purge` changes per transaction (relay purge --batch-size "
         "overrides it): short transactions never hold up the publisher or the consumers.",
     )
+    retention_purge_rows_per_second: int = Field(
+        default=1500,
+        ge=0,
+        le=1_000_000,
+        description="At most this many rows a second per step of `relay purge` (deliveries, "
+        "not counting their attempts; relay purge --rows-per-second overrides it), so a purge "
+        "beside a drain costs it little CPU and WAL; 0: as fast as the database goes.",
+    )
     retention_purge_period_hours: float = Field(
         default=24.0,
         gt=0,

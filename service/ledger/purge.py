@@ -10,12 +10,18 @@ rows, each batch its own short transaction that locks only the rows it changes, 
 2. publish runs past their period that have no delivery and no run action left;
 3. events past the webhook row period that no delivery names;
 4. the content of final deliveries past their kind's content period (a dead one: the dead
-   period): payload, an e-mail's or SMS's recipient, every reply excerpt; then the payload
-   of events past the webhook content period;
+   period): payload, an e-mail's or SMS's recipient, every reply excerpt (passing over
+   those whose row step 5 deletes); then the payload of events past the webhook content
+   period;
 5. the rows of final deliveries past their kind's row period (a dead one: the dead row
    period), children first (attempts, receipts, reconciliations), their runs keeping the
    counts; a delivery whose receipt put an address on the suppression list stays while that
    suppression is kept.
+
+Paced (``rows_per_second``: RELAY_RETENTION_PURGE_ROWS_PER_SECOND), a step sleeps after each
+committed batch, holding no transaction and no row lock, until its rows so far over its time
+so far are within the cap: a purge beside a drain takes a bounded share of the database's
+CPU and WAL (docs/benchmarks.md, "Purge under a drain"). A dry run is not paced.
 
 A run or an event whose last delivery goes in step 5 goes in the next run: so a dry run,
 which counts each step's candidates without changing anything, says what the run does.
@@ -26,8 +32,10 @@ ends where an uninterrupted one would have (every step is idempotent).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +45,7 @@ import asyncpg
 from service import ledger, logs
 from service.crashpoints import CrashPoints
 from service.db import q
+from service.pacing import Pacer
 from service.progress import Progress
 from service.retention import AUDIT_TABLES, DELIVERY_CHILDREN, Cutoffs, Policy, PurgeSummary
 from service.retention_settings import CHANNELS
@@ -45,6 +54,9 @@ log = logs.get("purge")
 _EPOCH = datetime.min.replace(tzinfo=UTC)  # before any row: the keyset's start
 # A failed run is recorded if its connection still answers; if not, the next run marks it.
 _GONE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# A row the content step passes over counts this much against the cap: it is only read
+# (~3-5 us against ~90 us per delivery deleted, 40,000 rows; docs/benchmarks.md).
+_PASSED_OVER_WEIGHT = 0.1
 
 
 class PurgeBusy(Exception):
@@ -61,10 +73,17 @@ class _Run:
     batch_size: int
     progress: Progress | None
     crash: CrashPoints
+    pacer: Pacer
 
     @property
     def dry(self) -> bool:
         return self.summary.dry_run
+
+    async def paced(self, rows: float) -> None:
+        """After a committed batch of the step's ``rows`` (outside any transaction): sleep
+        as long as the cap asks."""
+        if await self.pacer.done(rows):
+            self.summary.paced_seconds = self.pacer.paced_seconds
 
     async def record(self, counts: Sequence[tuple[str, str, int]]) -> None:
         """One batch's counts (table, kind, rows): into the summary and, applied, into the
@@ -73,7 +92,7 @@ class _Run:
             self.summary.add(kind, table, n)
         self.summary.batches += 1
         if self.progress is not None:
-            self.progress.update(self.summary.total)
+            self.progress.update(self.summary.total, note="" if self.dry else self.summary.pace())
         if self.dry or self.summary.run_id is None:
             return
         kept = [(t, k, n) for t, k, n in counts if n]
@@ -91,24 +110,31 @@ async def purge(
     as_of: datetime,
     *,
     batch_size: int = 5000,
+    rows_per_second: int = 0,
     dry_run: bool = False,
     progress: Progress | None = None,
     crashpoints: CrashPoints | None = None,
     host: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> PurgeSummary:
     """Purge (``dry_run``: count) what ``policy`` no longer keeps as of ``as_of``.
 
-    Applied, the run is recorded in ``purge_runs`` (its policy, counts, status) and the
-    totals behind ``relay_purge_rows_total`` grow batch by batch. Raises ``PurgeBusy`` if
-    another purge is running; a dry run takes no lock and writes nothing.
+    Applied, the run is recorded in ``purge_runs`` (its policy and cap, counts, status) and
+    the totals behind ``relay_purge_rows_total`` grow batch by batch. ``rows_per_second``
+    caps each step's rate (0: unpaced; a dry run never is), timed by ``clock`` and waited
+    out by ``sleep`` (a test's own). Raises ``PurgeBusy`` if another purge is running; a
+    dry run takes no lock and writes nothing.
     """
-    summary = PurgeSummary(dry_run, as_of, policy.as_dict())
+    cap = 0 if dry_run else rows_per_second
+    summary = PurgeSummary(dry_run, as_of, policy.as_dict() | {"rows_per_second": cap}, cap)
     async with pool.acquire() as conn:
         if not dry_run and not await conn.fetchval(q("purge_lock")):
             raise PurgeBusy("another relay purge is running: this one did nothing")
         run = _Run(
-            conn, summary, policy.cutoffs(as_of), batch_size, progress, crashpoints or CrashPoints()
-        )
+            conn, summary, policy.cutoffs(as_of), batch_size, progress,
+            crashpoints or CrashPoints(), Pacer(cap, clock=clock, sleep=sleep),
+        )  # fmt: skip
         try:
             if not dry_run:
                 await conn.execute(q("purge_runs_interrupted"))
@@ -171,24 +197,29 @@ async def _batched(
     run: _Run, name: str, pick: Pick, change: Change, count: Count, crash_point: str = ""
 ) -> None:
     """Page through ``pick``'s candidates; apply ``change`` to each page in a transaction
-    (a dry run: ``count`` them). Logs the step's totals."""
+    (a dry run: ``count`` them). A row the pick marks ``passed_over`` moves the keyset on
+    and is left alone. Logs the step's totals."""
     after: tuple[datetime, int] = (_EPOCH, 0)
     done: dict[str, int] = {}
+    run.pacer.restart()
     while True:
         page = await pick(after[0], after[1])
         if not page:
             break
         after = (page[-1][1], page[-1][0])
-        ids = [r[0] for r in page]
-        if run.dry:
+        ids = [r[0] for r in page if not r.get("passed_over")]
+        counts: Sequence[tuple[str, str, int]] = []
+        if ids and run.dry:
             counts = await count(ids)
             await run.record(counts)
-        else:
+        elif ids:
             async with run.conn.transaction():
                 counts = await change(ids)
                 await run.record(counts)
             if crash_point:
                 run.crash.hit(crash_point)
+        if not run.dry:
+            await run.paced(len(ids) + (len(page) - len(ids)) * _PASSED_OVER_WEIGHT)
         for table, kind, n in counts:
             done[f"{table}/{kind}"] = done.get(f"{table}/{kind}", 0) + n
         if len(page) < run.batch_size:
@@ -197,8 +228,9 @@ async def _batched(
 
 
 def _logged(run: _Run, step: str, counts: dict[str, int]) -> None:
+    paced = round(run.pacer.window_paced_seconds, 3)
     log.info("purge step", extra={"event": "purge_step", "step": step, "counts": counts,
-                                  "dry_run": run.dry})  # fmt: skip
+                                  "dry_run": run.dry, "paced_seconds": paced})  # fmt: skip
 
 
 async def _audit(run: _Run) -> None:
@@ -212,11 +244,13 @@ async def _audit(run: _Run) -> None:
         _logged(run, "audit", {f"{t}/rows": row[t] for t in AUDIT_TABLES})
         return
     done: dict[str, int] = {}
+    run.pacer.restart()
     for table in AUDIT_TABLES:
         while True:
             async with run.conn.transaction():
                 gone = await run.conn.fetch(_audit_delete(table), cutoff, run.batch_size)
                 await run.record([(table, "rows", len(gone))])
+            await run.paced(len(gone))
             done[f"{table}/rows"] = done.get(f"{table}/rows", 0) + len(gone)
             if len(gone) < run.batch_size:
                 break
@@ -282,9 +316,11 @@ async def _delivery_content(run: _Run, channel: str) -> None:
         return
 
     async def pick(at: datetime, after: int) -> list[asyncpg.Record]:
+        c = run.cutoffs  # with the row cutoffs: a row step 5 deletes comes back passed_over
         return await run.conn.fetch(
-            q("purge_content_pick"), channel, cutoff, dead, at, after, run.batch_size
-        )
+            q("purge_content_pick"), channel, cutoff, dead, at, after, run.batch_size,
+            c.rows[channel], c.dead_rows, c.audit,
+        )  # fmt: skip
 
     async def change(ids: list[int]) -> list[tuple[str, str, int]]:
         row = await run.conn.fetchrow(q("purge_content_apply"), ids, cutoff, dead)

@@ -28,4 +28,12 @@ def add(sub: argparse._SubParsersAction, command: Command) -> None:  # type: ign
         default=None,
         help="rows per transaction (default RELAY_RETENTION_BATCH_SIZE, 5000)",
     )
+    parser.add_argument(
+        "--rows-per-second",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N rows a second per step, sleeping between batches (default "
+        "RELAY_RETENTION_PURGE_ROWS_PER_SECOND, 1500; 0: as fast as the database goes)",
+    )
     add_json(parser)

@@ -1703,11 +1703,22 @@ SET event_content_purged_before = greatest(coalesce(event_content_purged_before,
 -- name: purge_content_pick
 -- Final deliveries of channel $1 whose content is kept and is due to go: ended before $2
 -- (a dead one before $3), after the keyset ($4 finished_at, $5 id); $6 at most.
-SELECT id, finished_at FROM deliveries
-WHERE channel = $1 AND finished_at IS NOT NULL AND content_purged_at IS NULL
-  AND finished_at < $2 AND (state <> 'dead' OR finished_at < $3)
-  AND (finished_at, id) > ($4::timestamptz, $5::bigint)
-ORDER BY finished_at, id
+-- passed_over: the rows step of this run deletes the row (as purge_rows_pick: past the row
+-- cutoff $7, a dead one past $8, not the evidence of a suppression still kept, audit cutoff
+-- $9), so stripping it first would be work thrown away. Marked rather than filtered out, so
+-- one pick reads at most $6 rows however many of them are passed over.
+SELECT d.id, d.finished_at,
+       coalesce(d.finished_at < $7 AND (d.state <> 'dead' OR d.finished_at < $8)
+                AND NOT EXISTS (SELECT 1 FROM suppressions AS s
+                                WHERE s.delivery_id = d.id
+                                  AND (s.removed_at IS NULL OR $9::timestamptz IS NULL
+                                       OR s.removed_at >= $9)),
+                false) AS passed_over
+FROM deliveries AS d
+WHERE d.channel = $1 AND d.finished_at IS NOT NULL AND d.content_purged_at IS NULL
+  AND d.finished_at < $2 AND (d.state <> 'dead' OR d.finished_at < $3)
+  AND (d.finished_at, d.id) > ($4::timestamptz, $5::bigint)
+ORDER BY d.finished_at, d.id
 LIMIT $6;
 
 -- name: purge_content_excerpts

@@ -373,3 +373,38 @@ async def test_the_python_api_purges_as_of_any_instant_and_shows_progress_on_a_t
     # Runs a and d keep their open rows (a_retrying, d_pending), so they stay.
     runs = {r["id"] for r in await pool.fetch("SELECT id FROM publish_runs")}
     assert runs == {seeded.runs["a"], seeded.runs["d"]}
+
+
+async def test_a_row_this_run_deletes_is_not_stripped_first_and_one_it_keeps_is(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    spec = history.Spec
+    ids = await history.seed_final(pool, [
+        spec("gone_webhook_100", "webhook", "delivered", 100),  # past content 30 and rows 90
+        spec("gone_sms_dead_200", "sms", "dead", 200),  # past the dead rows period, 180
+        spec("gone_email_70", "email", "delivered", 70),  # past e-mail rows, 60 here
+        spec("kept_webhook_70", "webhook", "delivered", 70),  # webhook rows: 90
+        spec("kept_webhook_dead_100", "webhook", "dead", 100),  # past dead content 90 only
+        spec("kept_email_evidence_100", "email", "bounced", 100, bounce="kept"),  # evidence
+    ])  # fmt: skip
+    env = {"RETENTION_EMAIL_ROWS_DAYS": "60"}
+    runs = []
+    for args in (("--dry-run",), ()):
+        result = await rs.relay(settings, "purge", "--json", *args, **env)
+        assert result.code == 0, result.stderr
+        runs.append(json.loads(result.stdout))
+    for found in runs:  # the dry run says what the run does
+        assert found["deliveries_by_channel"] == {
+            "content": {"webhook": 2, "email": 1},
+            "rows": {"webhook": 1, "email": 1, "sms": 1},
+        }
+        assert (found["content"]["deliveries"], found["rows"]["deliveries"]) == (3, 3)
+    left = await pool.fetch(
+        "SELECT id, content_purged_at IS NOT NULL AS stripped, payload FROM deliveries"
+    )
+    assert {r["id"]: (r["stripped"], r["payload"]) for r in left} == {
+        ids[label]: (True, None)
+        for label in ("kept_webhook_70", "kept_webhook_dead_100", "kept_email_evidence_100")
+    }
+    totals = {f"{t}/{k}": n for t, k, n in await pool.fetch("SELECT * FROM purge_totals")}
+    assert (totals["deliveries/content"], totals["deliveries/rows"]) == (3, 3)

@@ -53,10 +53,18 @@ def test_the_defaults_load_in_order_and_give_one_cutoff_per_kind() -> None:
         ),
         ({"retention_audit_days": -1}, "RELAY_RETENTION_AUDIT_DAYS: Input should be greater"),
         ({"retention_batch_size": 0}, "RELAY_RETENTION_BATCH_SIZE: Input should be greater"),
+        (
+            {"retention_purge_rows_per_second": -1},
+            "RELAY_RETENTION_PURGE_ROWS_PER_SECOND: Input should be greater than or equal to 0",
+        ),
+        (
+            {"retention_purge_rows_per_second": "fast"},
+            "RELAY_RETENTION_PURGE_ROWS_PER_SECOND: Input should be a valid integer",
+        ),
     ],
 )
 def test_a_period_out_of_order_or_out_of_range_is_a_config_error_naming_it(
-    overrides: dict[str, int], message: str
+    overrides: dict[str, object], message: str
 ) -> None:
     with pytest.raises(errors.ConfigError) as raised:
         settings.load(**overrides)
@@ -77,15 +85,17 @@ def test_zero_keeps_forever_and_gives_no_cutoff() -> None:
 
 
 def test_the_summary_says_what_was_purged_by_table_and_channel_or_nothing() -> None:
-    summary = PurgeSummary(False, NOW, {}, run_id=7, status="ok")
+    summary = PurgeSummary(False, NOW, {}, 1500, 2.5, run_id=7, status="ok")
     summary.add("content", "deliveries", 3)
     summary.add_channel("content", "email", 3)
     summary.add("rows", "publish_runs", 2)
     assert summary.render() == (
         "purge as of 2026-12-02 03:17:00 UTC (purge run 7): ok\n"
         "  content purged: deliveries 3 (webhook 0, email 3, sms 0)\n"
-        "  rows purged: publish_runs 2"
+        "  rows purged: publish_runs 2\n"
+        "  pace: at most 1,500 rows/s, paced 2.5 s"
     )
+    assert PurgeSummary(False, NOW, {}).render().endswith("\n  pace: unpaced")
     dry = PurgeSummary(True, NOW, {})
     assert dry.render().splitlines()[1:] == [
         "  content would purge: nothing",
@@ -93,6 +103,7 @@ def test_the_summary_says_what_was_purged_by_table_and_channel_or_nothing() -> N
         "  dry run: nothing changed; run without --dry-run to do it",
     ]
     assert summary.as_dict()["rows"]["publish_runs"] == 2 and summary.total == 5
+    assert (summary.as_dict()["rows_per_second"], summary.as_dict()["paced_seconds"]) == (1500, 2.5)
 
 
 def test_a_backfill_reaching_back_past_the_horizon_is_refused_naming_the_option() -> None:
