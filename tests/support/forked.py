@@ -144,16 +144,20 @@ class _Server:
 _server: _Server | None = None
 
 
-def _fd_for(spec: int | IO[Any] | None, mode: str, ours: list[int], theirs: list[int]) -> None:
-    """The child's end of one stdio stream into ``theirs``; a pipe's other end into ``ours``."""
+def _fd_for(spec: int | IO[Any] | None, target: int, ours: list[int], theirs: list[int]) -> None:
+    """The child's end of its stdio stream ``target`` (0, 1, 2) into ``theirs``; a pipe's
+    other end into ``ours``."""
     if spec == PIPE:
         read, write = os.pipe()
-        child, parent = (read, write) if mode == "r" else (write, read)
+        child, parent = (read, write) if target == 0 else (write, read)
         ours.append(parent)
         theirs.append(child)
-    elif spec is None or spec == DEVNULL:
+    elif spec == DEVNULL:
         ours.append(-1)
         theirs.append(os.open(os.devnull, os.O_RDWR))
+    elif spec is None:  # inherited, as asyncio does: this process's own stream
+        ours.append(-1)
+        theirs.append(os.dup(target))
     elif isinstance(spec, int):
         ours.append(-1)
         theirs.append(os.dup(spec))
@@ -199,8 +203,8 @@ async def spawn(
         _server = _Server()
     ours: list[int] = []
     theirs: list[int] = []
-    for spec, mode in ((stdin, "r"), (stdout, "w"), (stderr, "w")):
-        _fd_for(spec, mode, ours, theirs)
+    for target, spec in enumerate((stdin, stdout, stderr)):
+        _fd_for(spec, target, ours, theirs)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(_server.path)
