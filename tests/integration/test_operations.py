@@ -25,6 +25,7 @@ from service.clock import SystemClock
 from service.ops import partner as partner_mod
 from service.settings import Settings
 from tests.conftest import SECRET
+from tests.support import forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -302,7 +303,7 @@ async def test_an_interrupted_demo_removes_its_database_namespace_and_processes(
     settings: Settings, tmp_path: Path
 ) -> None:
     demo = await asyncio.create_subprocess_exec(
-        *rs.relay_command("demo", "--reminders", "2000"),
+        *forked.relay_command("demo", "--reminders", "2000"),
         # A pytest-xdist worker ignores SIGINT and a child inherits that: as from a shell,
         # the demo must start with Ctrl-C's default action (Python's KeyboardInterrupt).
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),

@@ -17,6 +17,7 @@ import asyncpg
 from service import amqp, messages, outbox
 from service.ops import partner as partner_mod
 from service.settings import Settings
+from tests.support import forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -274,7 +275,7 @@ async def test_load_shows_progress_on_a_terminal_and_only_the_summary_otherwise(
     assert "load:" not in plain.stderr
     leader, follower = pty.openpty()
     proc = await asyncio.create_subprocess_exec(
-        *rs.relay_command("reminders", "load", "-"),
+        *forked.relay_command("reminders", "load", "-"),
         env=rs.env_for(settings),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,

@@ -30,6 +30,11 @@ DEVNULL = asyncio.subprocess.DEVNULL
 _FRESH = os.environ.get("TEST_RELAY_FRESH_PROCESSES") == "1"
 
 
+def relay_command(*args: str) -> list[str]:
+    """argv of ``relay ARGS`` run from this checkout with this interpreter."""
+    return [sys.executable, "-m", "service.ops.cli", *args]
+
+
 class RelayProcess(Protocol):
     """What tests use of a process: ``asyncio.subprocess.Process`` or a ``ForkedProcess``."""
 
@@ -195,7 +200,7 @@ async def spawn(
     ``asyncio.create_subprocess_exec``); returns a process object."""
     if _FRESH:
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "service.ops.cli", *args,
+            *relay_command(*args),
             env=env, stdin=stdin, stdout=stdout, stderr=stderr, cwd=REPO,
         )  # fmt: skip
     global _server

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -27,8 +26,8 @@ from service.ops import partner as partner_mod
 from service.ops import reminders
 from service.settings import Settings
 from tests.support import forked
+from tests.support.forked import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 # The networks tests send to (the partner endpoint on 127.0.0.1), as RELAY_ALLOW_NETWORKS.
 LOOPBACK = netpolicy.parse_networks("127.0.0.0/8")
 
@@ -65,11 +64,6 @@ class Result:
     code: int
     stdout: str
     stderr: str
-
-
-def relay_command(*args: str) -> list[str]:
-    """argv of ``relay ARGS`` run from this checkout with this interpreter."""
-    return [sys.executable, "-m", "service.ops.cli", *args]
 
 
 async def relay(
