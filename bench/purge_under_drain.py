@@ -13,9 +13,12 @@ its own broker namespace:
 * as ``bench/drain.py``: the lean receiver, 20,000 reminders due now loaded and queued
   (``relay reminders load`` + ``relay publish``), then ONE ``relay consume`` drains them;
 * ``alone``: nothing else; ``purge``: ``relay purge`` (a subprocess, default settings but
-  its pace: ``--rows-per-second``, default relay purge's own, 1,500; 0: unpaced) is
-  started first, and the consumer once the purge has deleted its first rows; it must
-  still be running when the drain ends (else the run says so), then it gets SIGTERM.
+  its pace, ``--rows-per-second``, default relay purge's own, 1,500, 0: unpaced; and its
+  wait for due deliveries, ``--yield-seconds``, default relay purge's own, 1,800, 0: never
+  waits) is started first, on a ledger with nothing due, as a nightly purge of a big
+  backlog runs into the 06:00 wave; once it has deleted its first rows the reminders are
+  loaded and published and the consumer drains them. The purge must still be running when
+  the drain ends (else the run says so), then it gets SIGTERM.
 
 Per run: deliveries/s (whole drain, and 10-90 %; progress read from the receiver's count
 every 100 ms, so the measurement puts no query on the database while it drains); lateness
@@ -32,6 +35,7 @@ changed by < 10 %, lateness p99 by < 0.5 s.
     .venv/bin/python bench/purge_under_drain.py                          # 3 pairs, 2,000,000
     .venv/bin/python bench/purge_under_drain.py --old 20000 --pairs 1 --count 2000  # a look
     .venv/bin/python bench/purge_under_drain.py --rows-per-second 0     # unpaced, as before
+    .venv/bin/python bench/purge_under_drain.py --yield-seconds 0       # paced, never waits
 """
 
 from __future__ import annotations
@@ -164,10 +168,12 @@ class Run:
 
 
 async def _deleted(pool: asyncpg.Pool) -> int:
-    """Deliveries deleted so far (statistics: flushed by each backend within ~1 s)."""
+    """Deliveries the purge has deleted so far: its run's record, which each batch updates
+    in its own transaction (exact, unlike the statistics, which a backend may flush ~10 s
+    late)."""
     return int(
         await pool.fetchval(
-            "SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = 'deliveries'"
+            "SELECT coalesce(sum((counts ->> 'deliveries/rows')::bigint), 0) FROM purge_runs"
         )
     )
 
@@ -238,27 +244,31 @@ def _with_app(env: BenchEnv, app: str) -> str:
     return f"{env.database_url}?application_name={app}"
 
 
+def _start_purge(args: argparse.Namespace, env: BenchEnv) -> Any:
+    return _spawn(
+        args.purge_command,
+        env.env(
+            database_url=_with_app(env, "relay-purge"),
+            retention_purge_rows_per_second=str(args.rows_per_second),
+            retention_purge_yield_seconds=str(args.yield_seconds),
+        ),
+        env.scratch / "purge.log",
+    )
+
+
 async def _measure(
-    args: argparse.Namespace, env: BenchEnv, port: int, mode: str, monitor: CpuMonitor
+    args: argparse.Namespace, env: BenchEnv, port: int, purge: Any, monitor: CpuMonitor
 ) -> Run:
-    """Start the purge (mode 'purge') and the consumer; measure the drain."""
+    """Start the consumer (beside ``purge``, if one runs); measure the drain."""
+    mode = "alone" if purge is None else "purge"
     pool = await asyncpg.create_pool(
         env.database_url, min_size=1, max_size=2, server_settings={"application_name": "bench"}
     )
-    purge = consumer = None
+    consumer = None
     try:
         base = args.old  # the template's rows are 1..old; the drained ones come after
-        if mode == "purge":
-            purge = _spawn(
-                args.purge_command,
-                env.env(
-                    database_url=_with_app(env, "relay-purge"),
-                    retention_purge_rows_per_second=str(args.rows_per_second),
-                ),
-                env.scratch / "purge.log",
-            )
+        if purge is not None:
             monitor.ours[purge.pid] = "purge"
-            await _purging(pool, purge)
         deleted0 = await _deleted(pool)
         async with ret.Activity(env.database_url) as activity:
             started, db_started = time.monotonic(), await pool.fetchval("SELECT now()")
@@ -280,9 +290,8 @@ async def _measure(
         deleted = await _deleted(pool) - deleted0
         late, raw_p99 = await _lateness(pool, base, db_started)
     finally:
-        for proc in (purge, consumer):
-            if proc is not None:
-                _stop(proc)
+        if consumer is not None:
+            _stop(consumer)
         await pool.close()
     return Run(
         mode, args.count, wall, _steady(samples, args.count),
@@ -296,15 +305,22 @@ async def one_run(args: argparse.Namespace, tpl: BenchEnv, number: int, mode: st
         port = free_port()
         receiver = [sys.executable, str(Path(__file__).with_name("receiver.py"))]
         partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")
+        purge = None
         try:
             await _wait_port(port, partner)
+            if mode == "purge":
+                purge = _start_purge(args, env)
+                async with asyncpg.create_pool(env.database_url, min_size=1, max_size=1) as pool:
+                    await _purging(pool, purge)
             await _prepare(args, env, port)
             monitor = CpuMonitor().start()
             monitor.ours[partner.pid] = "partner"
-            run = await _measure(args, env, port, mode, monitor)
+            run = await _measure(args, env, port, purge, monitor)
             stats = await _partner_stats(port)
         finally:
-            _stop(partner)
+            for proc in (purge, partner):
+                if proc is not None:
+                    _stop(proc)
     ok = stats.get("logical_events") == args.count and stats.get("bad_signatures") == 0
     p50, p99, worst = run.late
     purge = ""
@@ -329,10 +345,10 @@ async def one_run(args: argparse.Namespace, tpl: BenchEnv, number: int, mode: st
     return run
 
 
-def _summary(pairs: list[tuple[Run, Run]], rows_per_second: int) -> None:
+def _summary(pairs: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
     """Per pair and the median: the change of deliveries/s with the purge (negative:
     slower; the target bounds the slowdown) and of lateness p99."""
-    print(f"purge pace: {_pace(rows_per_second)}")
+    print(f"purge pace: {_pace(args)}")
     changes, deltas = [], []
     for i, (alone, purge) in enumerate(pairs, 1):
         change = purge.rate / alone.rate - 1
@@ -354,10 +370,13 @@ def _summary(pairs: list[tuple[Run, Run]], rows_per_second: int) -> None:
     )
 
 
-def _pace(rows_per_second: int) -> str:
-    if rows_per_second == 0:
-        return "unpaced (--rows-per-second 0)"
-    return f"at most {rows_per_second:,} rows/s per step (--rows-per-second)"
+def _pace(args: argparse.Namespace) -> str:
+    pace = f"at most {args.rows_per_second:,} rows/s per step (--rows-per-second)"
+    if args.rows_per_second == 0:
+        pace = "unpaced (--rows-per-second 0)"
+    if args.yield_seconds == 0:
+        return pace + ", never waits for due deliveries (--yield-seconds 0)"
+    return pace + f", waits up to {args.yield_seconds:,} s for due deliveries (--yield-seconds)"
 
 
 async def main() -> None:
@@ -384,11 +403,18 @@ async def main() -> None:
         help="the purge's pace (RELAY_RETENTION_PURGE_ROWS_PER_SECOND; default relay "
         "purge's own; 0: unpaced)",
     )
+    parser.add_argument(
+        "--yield-seconds",
+        type=int,
+        default=RetentionSettings.model_fields["retention_purge_yield_seconds"].default,
+        help="how long the purge may wait for due deliveries in all "
+        "(RELAY_RETENTION_PURGE_YIELD_SECONDS; default relay purge's own; 0: never waits)",
+    )
     args = parser.parse_args()
     print(
         f"== purge under drain: {args.old:,} old rows "
         f"({'with' if args.with_content else 'content already purged'}), drains of "
-        f"{args.count:,}, {args.pairs} pairs, purge {_pace(args.rows_per_second)}; load "
+        f"{args.count:,}, {args.pairs} pairs, purge {_pace(args)}; load "
         f"average {load_average()}; "
         f"{os.cpu_count()} CPUs",
         flush=True,
@@ -401,7 +427,7 @@ async def main() -> None:
                 mode: await one_run(args, tpl, 2 * i + n + 1, mode) for n, mode in enumerate(order)
             }
             pairs.append((runs["alone"], runs["purge"]))
-    _summary(pairs, args.rows_per_second)
+    _summary(pairs, args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""A cap on rows per second for a batched job (``relay purge``): after each batch, sleep just
-long enough that the rows done since the window started, over the time since, stay within
-the cap.
+"""A batched background job's manners (``relay purge``): a cap on rows per second (after each
+batch, sleep just long enough that the rows done since the window started, over the time
+since, stay within the cap), and giving way to other work that is due (``Yielder``).
 
 The caller decides where the sleep may happen (``relay purge``: after a batch commits, never
 inside a transaction or holding a row lock). Time a job spends slower than the cap is not
@@ -57,3 +57,38 @@ class Pacer:
         self.paced_seconds += ahead
         self.window_paced_seconds += ahead
         return ahead
+
+
+class Yielder:
+    """Waits while ``busy()`` says other work is due, polling every ``poll_seconds``, up to
+    ``bound_seconds`` in all over its life (0: never waits): a background job gives way to a
+    drain, but a backlog that never clears cannot hold it up for ever."""
+
+    def __init__(
+        self,
+        bound_seconds: float,
+        busy: Callable[[], Awaitable[bool]],
+        *,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        if bound_seconds < 0:
+            raise ValueError("bound_seconds must be 0 (never waits) or more")
+        self.bound_seconds = bound_seconds
+        self.waited_seconds = 0.0  # in all so far
+        self._busy, self._sleep, self._poll = busy, sleep, poll_seconds
+
+    @property
+    def spent(self) -> bool:
+        return self.waited_seconds >= self.bound_seconds
+
+    async def wait(self) -> float:
+        """While the other work is due and the bound is not spent, wait. Returns the seconds
+        waited this time (0: nothing was due, or the bound is spent)."""
+        waited = 0.0
+        while not self.spent and await self._busy():
+            step = min(self._poll, self.bound_seconds - self.waited_seconds)
+            await self._sleep(step)
+            waited += step
+            self.waited_seconds += step
+        return waited

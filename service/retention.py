@@ -119,6 +119,8 @@ class PurgeSummary:
     policy: dict[str, Any]
     rows_per_second: int = 0  # the cap in force (0: unpaced, as a dry run always is)
     paced_seconds: float = 0.0  # slept to keep within it
+    yield_seconds: int = 0  # the most it may wait for due deliveries (0: never waits)
+    yielded_seconds: float = 0.0  # waited for them
     run_id: int | None = None  # the purge_runs row (None for a dry run)
     status: str = "running"  # ok when every step ran to its end
     batches: int = 0
@@ -145,9 +147,15 @@ class PurgeSummary:
 
     def pace(self) -> str:
         """The cap in force and the time paced so far, for the progress line and summary."""
-        if not self.rows_per_second:
-            return "unpaced"
-        return f"at most {self.rows_per_second:,} rows/s, paced {self.paced_seconds:.1f} s"
+        pace = "unpaced"
+        if self.rows_per_second:
+            pace = f"at most {self.rows_per_second:,} rows/s, paced {self.paced_seconds:.1f} s"
+        if self.yield_seconds:
+            pace += (
+                f"; waited {self.yielded_seconds:.0f} s (of at most {self.yield_seconds:,})"
+                " for due deliveries"
+            )
+        return pace
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -158,6 +166,8 @@ class PurgeSummary:
             "batches": self.batches,
             "rows_per_second": self.rows_per_second,
             "paced_seconds": round(self.paced_seconds, 3),
+            "yield_seconds": self.yield_seconds,
+            "yielded_seconds": round(self.yielded_seconds, 3),
             "policy": self.policy,
             "content": dict(self.content),
             "rows": dict(self.rows),

@@ -92,6 +92,14 @@ class RetentionSettings(BaseSettings):
         "not counting their attempts; relay purge --rows-per-second overrides it), so a purge "
         "beside a drain costs it little CPU and WAL; 0: as fast as the database goes.",
     )
+    retention_purge_yield_seconds: int = Field(
+        default=1800,
+        ge=0,
+        le=86_400,
+        description="While deliveries are due and not yet settled (a 06:00 wave, a backlog), "
+        "`relay purge` waits between batches, up to this long in all per run, then carries on "
+        "at its pace regardless (relay purge --yield-seconds overrides it; s; 0: never waits).",
+    )
     retention_purge_period_hours: float = Field(
         default=24.0,
         gt=0,

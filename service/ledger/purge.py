@@ -21,7 +21,11 @@ rows, each batch its own short transaction that locks only the rows it changes, 
 Paced (``rows_per_second``: RELAY_RETENTION_PURGE_ROWS_PER_SECOND), a step sleeps after each
 committed batch, holding no transaction and no row lock, until its rows so far over its time
 so far are within the cap: a purge beside a drain takes a bounded share of the database's
-CPU and WAL (docs/benchmarks.md, "Purge under a drain"). A dry run is not paced.
+CPU and WAL. And it gives way: while deliveries are due and not settled, each batch first
+waits for them (a probe a second), up to ``yield_seconds`` in all per run
+(RELAY_RETENTION_PURGE_YIELD_SECONDS), so a 06:00 wave drains as if no purge ran, and a
+backlog that never clears cannot stop the purge (docs/benchmarks.md, "Purge under a
+drain"). A dry run is neither paced nor waits.
 
 A run or an event whose last delivery goes in step 5 goes in the next run: so a dry run,
 which counts each step's candidates without changing anything, says what the run does.
@@ -36,72 +40,26 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 
 import asyncpg
 
-from service import ledger, logs
+from service import ledger
 from service.crashpoints import CrashPoints
 from service.db import q
-from service.pacing import Pacer
+from service.ledger.purge_batches import PurgeRun, batched, logged
+from service.pacing import Pacer, Yielder
 from service.progress import Progress
-from service.retention import AUDIT_TABLES, DELIVERY_CHILDREN, Cutoffs, Policy, PurgeSummary
+from service.retention import AUDIT_TABLES, DELIVERY_CHILDREN, Policy, PurgeSummary
 from service.retention_settings import CHANNELS
 
-log = logs.get("purge")
-_EPOCH = datetime.min.replace(tzinfo=UTC)  # before any row: the keyset's start
 # A failed run is recorded if its connection still answers; if not, the next run marks it.
 _GONE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
-# A row the content step passes over counts this much against the cap: it is only read
-# (~3-5 us against ~90 us per delivery deleted, 40,000 rows; docs/benchmarks.md).
-_PASSED_OVER_WEIGHT = 0.1
 
 
 class PurgeBusy(Exception):
     """Another ``relay purge`` holds the lock: this one did nothing."""
-
-
-@dataclass
-class _Run:
-    """What the steps of one run share."""
-
-    conn: ledger.Connection
-    summary: PurgeSummary
-    cutoffs: Cutoffs
-    batch_size: int
-    progress: Progress | None
-    crash: CrashPoints
-    pacer: Pacer
-
-    @property
-    def dry(self) -> bool:
-        return self.summary.dry_run
-
-    async def paced(self, rows: float) -> None:
-        """After a committed batch of the step's ``rows`` (outside any transaction): sleep
-        as long as the cap asks."""
-        if await self.pacer.done(rows):
-            self.summary.paced_seconds = self.pacer.paced_seconds
-
-    async def record(self, counts: Sequence[tuple[str, str, int]]) -> None:
-        """One batch's counts (table, kind, rows): into the summary and, applied, into the
-        run's record and the totals, in the batch's own transaction (the caller's)."""
-        for table, kind, n in counts:
-            self.summary.add(kind, table, n)
-        self.summary.batches += 1
-        if self.progress is not None:
-            self.progress.update(self.summary.total, note="" if self.dry else self.summary.pace())
-        if self.dry or self.summary.run_id is None:
-            return
-        kept = [(t, k, n) for t, k, n in counts if n]
-        keys = [f"{t}/{k}" for t, k, _ in kept]
-        ns = [n for _, _, n in kept]
-        await self.conn.execute(q("purge_run_progress"), self.summary.run_id, keys, ns)
-        await self.conn.execute(
-            q("purge_totals_add"), [t for t, _, _ in kept], [k for _, k, _ in kept], ns
-        )
 
 
 async def purge(
@@ -111,6 +69,7 @@ async def purge(
     *,
     batch_size: int = 5000,
     rows_per_second: int = 0,
+    yield_seconds: float = 0,
     dry_run: bool = False,
     progress: Progress | None = None,
     crashpoints: CrashPoints | None = None,
@@ -123,17 +82,20 @@ async def purge(
     Applied, the run is recorded in ``purge_runs`` (its policy and cap, counts, status) and
     the totals behind ``relay_purge_rows_total`` grow batch by batch. ``rows_per_second``
     caps each step's rate (0: unpaced; a dry run never is), timed by ``clock`` and waited
-    out by ``sleep`` (a test's own). Raises ``PurgeBusy`` if another purge is running; a
-    dry run takes no lock and writes nothing.
+    out by ``sleep`` (a test's own); while deliveries are due, each batch first waits for
+    them, up to ``yield_seconds`` in all (0: never; a dry run never does). Raises
+    ``PurgeBusy`` if another purge is running; a dry run takes no lock and writes nothing.
     """
-    cap = 0 if dry_run else rows_per_second
-    summary = PurgeSummary(dry_run, as_of, policy.as_dict() | {"rows_per_second": cap}, cap)
+    cap, bound = (0, 0) if dry_run else (rows_per_second, yield_seconds)
+    recorded = policy.as_dict() | {"rows_per_second": cap, "yield_seconds": bound}
+    summary = PurgeSummary(dry_run, as_of, recorded, cap, yield_seconds=int(bound))
     async with pool.acquire() as conn:
         if not dry_run and not await conn.fetchval(q("purge_lock")):
             raise PurgeBusy("another relay purge is running: this one did nothing")
-        run = _Run(
+        run = PurgeRun(
             conn, summary, policy.cutoffs(as_of), batch_size, progress,
             crashpoints or CrashPoints(), Pacer(cap, clock=clock, sleep=sleep),
+            Yielder(bound, lambda: run.due_work(), sleep=sleep),
         )  # fmt: skip
         try:
             if not dry_run:
@@ -171,7 +133,7 @@ async def _unlock(conn: ledger.Connection) -> None:
         await conn.execute(q("purge_unlock"))
 
 
-async def _steps(run: _Run) -> None:
+async def _steps(run: PurgeRun) -> None:
     await _audit(run)
     await _runs(run)
     await _events(run)
@@ -186,54 +148,7 @@ async def _steps(run: _Run) -> None:
         await _delivery_rows(run, channel)
 
 
-# --- one step: pick a page (keyset, no lock), change it in one transaction ----------------
-
-Pick = Callable[[datetime, int], Awaitable[list[asyncpg.Record]]]
-Change = Callable[[list[int]], Awaitable[Sequence[tuple[str, str, int]]]]
-Count = Callable[[list[int]], Awaitable[Sequence[tuple[str, str, int]]]]
-
-
-async def _batched(
-    run: _Run, name: str, pick: Pick, change: Change, count: Count, crash_point: str = ""
-) -> None:
-    """Page through ``pick``'s candidates; apply ``change`` to each page in a transaction
-    (a dry run: ``count`` them). A row the pick marks ``passed_over`` moves the keyset on
-    and is left alone. Logs the step's totals."""
-    after: tuple[datetime, int] = (_EPOCH, 0)
-    done: dict[str, int] = {}
-    run.pacer.restart()
-    while True:
-        page = await pick(after[0], after[1])
-        if not page:
-            break
-        after = (page[-1][1], page[-1][0])
-        ids = [r[0] for r in page if not r.get("passed_over")]
-        counts: Sequence[tuple[str, str, int]] = []
-        if ids and run.dry:
-            counts = await count(ids)
-            await run.record(counts)
-        elif ids:
-            async with run.conn.transaction():
-                counts = await change(ids)
-                await run.record(counts)
-            if crash_point:
-                run.crash.hit(crash_point)
-        if not run.dry:
-            await run.paced(len(ids) + (len(page) - len(ids)) * _PASSED_OVER_WEIGHT)
-        for table, kind, n in counts:
-            done[f"{table}/{kind}"] = done.get(f"{table}/{kind}", 0) + n
-        if len(page) < run.batch_size:
-            break
-    _logged(run, name, done)
-
-
-def _logged(run: _Run, step: str, counts: dict[str, int]) -> None:
-    paced = round(run.pacer.window_paced_seconds, 3)
-    log.info("purge step", extra={"event": "purge_step", "step": step, "counts": counts,
-                                  "dry_run": run.dry, "paced_seconds": paced})  # fmt: skip
-
-
-async def _audit(run: _Run) -> None:
+async def _audit(run: PurgeRun) -> None:
     cutoff = run.cutoffs.audit
     if cutoff is None:
         return
@@ -241,12 +156,13 @@ async def _audit(run: _Run) -> None:
         row = await run.conn.fetchrow(q("purge_audit_count"), cutoff)
         assert row is not None
         await run.record([(t, "rows", row[t]) for t in AUDIT_TABLES])
-        _logged(run, "audit", {f"{t}/rows": row[t] for t in AUDIT_TABLES})
+        logged(run, "audit", {f"{t}/rows": row[t] for t in AUDIT_TABLES})
         return
     done: dict[str, int] = {}
     run.pacer.restart()
     for table in AUDIT_TABLES:
         while True:
+            await run.give_way()
             async with run.conn.transaction():
                 gone = await run.conn.fetch(_audit_delete(table), cutoff, run.batch_size)
                 await run.record([(table, "rows", len(gone))])
@@ -254,7 +170,7 @@ async def _audit(run: _Run) -> None:
             done[f"{table}/rows"] = done.get(f"{table}/rows", 0) + len(gone)
             if len(gone) < run.batch_size:
                 break
-    _logged(run, "audit", done)
+    logged(run, "audit", done)
 
 
 def _audit_delete(table: str) -> str:
@@ -271,7 +187,7 @@ def _audit_delete(table: str) -> str:
     }[table]
 
 
-async def _runs(run: _Run) -> None:
+async def _runs(run: PurgeRun) -> None:
     cutoff = run.cutoffs.runs
     if cutoff is None:
         return
@@ -288,10 +204,10 @@ async def _runs(run: _Run) -> None:
     async def count(ids: list[int]) -> list[tuple[str, str, int]]:
         return [("publish_runs", "rows", len(ids))]
 
-    await _batched(run, "publish_runs", pick, change, count)
+    await batched(run, "publish_runs", pick, change, count)
 
 
-async def _events(run: _Run) -> None:
+async def _events(run: PurgeRun) -> None:
     cutoff = run.cutoffs.events_rows
     if cutoff is None:
         return
@@ -307,10 +223,10 @@ async def _events(run: _Run) -> None:
     async def count(ids: list[int]) -> list[tuple[str, str, int]]:
         return [("events", "rows", len(ids))]
 
-    await _batched(run, "events", pick, change, count)
+    await batched(run, "events", pick, change, count)
 
 
-async def _delivery_content(run: _Run, channel: str) -> None:
+async def _delivery_content(run: PurgeRun, channel: str) -> None:
     cutoff, dead = run.cutoffs.content[channel], run.cutoffs.dead_content
     if cutoff is None:
         return
@@ -336,10 +252,10 @@ async def _delivery_content(run: _Run, channel: str) -> None:
         run.summary.add_channel("content", channel, len(ids))
         return [("deliveries", "content", len(ids)), ("delivery_attempts", "content", excerpts)]
 
-    await _batched(run, f"deliveries content ({channel})", pick, change, count)
+    await batched(run, f"deliveries content ({channel})", pick, change, count)
 
 
-async def _event_content(run: _Run) -> None:
+async def _event_content(run: PurgeRun) -> None:
     cutoff = run.cutoffs.events_content
     if cutoff is None:
         return
@@ -358,10 +274,10 @@ async def _event_content(run: _Run) -> None:
     async def count(ids: list[int]) -> list[tuple[str, str, int]]:
         return [("events", "content", len(ids))]
 
-    await _batched(run, "events content", pick, change, count)
+    await batched(run, "events content", pick, change, count)
 
 
-async def _delivery_rows(run: _Run, channel: str) -> None:
+async def _delivery_rows(run: PurgeRun, channel: str) -> None:
     cutoff, dead, audit = run.cutoffs.rows[channel], run.cutoffs.dead_rows, run.cutoffs.audit
     if cutoff is None:
         return
@@ -395,4 +311,4 @@ async def _delivery_rows(run: _Run, channel: str) -> None:
         ]
 
     # A crash point after each committed batch: killed there, the next run carries on.
-    await _batched(run, f"deliveries rows ({channel})", pick, change, count, "purge_after_batch")
+    await batched(run, f"deliveries rows ({channel})", pick, change, count, "purge_after_batch")

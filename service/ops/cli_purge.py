@@ -36,4 +36,12 @@ def add(sub: argparse._SubParsersAction, command: Command) -> None:  # type: ign
         help="at most N rows a second per step, sleeping between batches (default "
         "RELAY_RETENTION_PURGE_ROWS_PER_SECOND, 1500; 0: as fast as the database goes)",
     )
+    parser.add_argument(
+        "--yield-seconds",
+        type=int,
+        default=None,
+        metavar="S",
+        help="while deliveries are due, wait between batches, up to S seconds in all, then "
+        "carry on at the pace (default RELAY_RETENTION_PURGE_YIELD_SECONDS, 1800; 0: never)",
+    )
     add_json(parser)

@@ -1662,6 +1662,14 @@ SELECT pg_try_advisory_lock(72177027);
 -- name: purge_unlock
 SELECT pg_advisory_unlock(72177027);
 
+-- name: purge_due_work
+-- Deliveries due and not settled (a 06:00 wave, a backlog, retries due): the purge waits
+-- for them between batches. Each branch reads a partial index and stops at its first row.
+SELECT EXISTS (SELECT 1 FROM deliveries WHERE state = 'queued' AND occurrence_at <= now())
+    OR EXISTS (SELECT 1 FROM deliveries WHERE state = 'pending' AND occurrence_at <= now())
+    OR EXISTS (SELECT 1 FROM deliveries WHERE state = 'sending')
+    OR EXISTS (SELECT 1 FROM deliveries WHERE state = 'retrying' AND next_attempt_at <= now());
+
 -- name: purge_runs_interrupted
 -- Runs still 'running' when a purge holds the lock were killed before they finished.
 UPDATE purge_runs SET status = 'interrupted', finished_at = now(),

@@ -1,12 +1,13 @@
 """The purge's pacer on a fake clock: it sleeps just enough that a window's rows over its
 elapsed time stay within the cap, never when the work is already slower, banks at most its
-carry of slow time, and 0 never sleeps."""
+carry of slow time, and 0 never sleeps. Its yielder waits while other work is due, polling,
+up to its bound over its whole life, and 0 never asks."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.pacing import Pacer
+from service.pacing import Pacer, Yielder
 
 
 class FakeClock:
@@ -75,3 +76,40 @@ async def test_zero_is_unpaced_and_a_negative_cap_is_refused() -> None:
     assert clock.slept == [] and pacer.paced_seconds == 0.0
     with pytest.raises(ValueError, match="0 \\(unpaced\\) or more"):
         Pacer(-1)
+
+
+class Busy:
+    """Says other work is due for the first ``times`` questions."""
+
+    def __init__(self, times: int) -> None:
+        self.left, self.asked = times, 0
+
+    async def __call__(self) -> bool:
+        self.asked += 1
+        self.left -= 1
+        return self.left >= 0
+
+
+async def test_the_yielder_waits_while_work_is_due_then_not_at_all() -> None:
+    clock, busy = FakeClock(), Busy(3)
+    yielder = Yielder(60, busy, sleep=clock.sleep, poll_seconds=2)
+    assert await yielder.wait() == 6 and clock.slept == [2, 2, 2]
+    assert await yielder.wait() == 0 and busy.asked == 5  # nothing due: one question each
+    assert yielder.waited_seconds == 6 and not yielder.spent
+
+
+async def test_the_yielder_stops_waiting_when_its_bound_is_spent_over_all_its_waits() -> None:
+    clock, busy = FakeClock(), Busy(1000)  # a backlog that never clears
+    yielder = Yielder(5, busy, sleep=clock.sleep, poll_seconds=2)
+    assert await yielder.wait() == 5 and clock.slept == [2, 2, 1]
+    assert yielder.spent
+    asked = busy.asked
+    assert await yielder.wait() == 0 and busy.asked == asked  # spent: it no longer asks
+
+
+async def test_a_yielder_bound_of_0_never_asks_and_never_waits() -> None:
+    clock, busy = FakeClock(), Busy(1000)
+    yielder = Yielder(0, busy, sleep=clock.sleep)
+    assert await yielder.wait() == 0 and busy.asked == 0 and clock.slept == []
+    with pytest.raises(ValueError, match="0 \\(never waits\\) or more"):
+        Yielder(-1, busy)
