@@ -62,7 +62,7 @@ _ROW_FIELDS = (
     "id idempotency_key source channel provider state occurrence_at urgent attempts replays "
     "next_attempt_at last_status last_error receipt skip_reason run_id created_at "
     "published_at first_attempt_at finished_at dead_lettered_at settled_at rescued_at "
-    "republished_at republishes content_purged_at"
+    "republished_at republishes content_purged_at erased_at"
 ).split()
 
 
@@ -142,6 +142,11 @@ def render_story(data: dict[str, Any]) -> str:
         lines.append(
             f"  {'content':<16} purged {_t(data['content_purged_at'])} (retention): payload, "
             "recipient and replies are gone; ids, state, times, counts and reasons stay"
+        )
+    if data["erased_at"] is not None:
+        lines.append(
+            f"  {'erased':<16} {_t(data['erased_at'])} (relay erase): recipient, payload, "
+            "replies and receipt are gone; ids, state, times and counts stay"
         )
     if data["reminder"] is not None:
         r = data["reminder"]

@@ -1103,7 +1103,7 @@ SELECT d.id, d.idempotency_key, d.reminder_id, d.source, d.channel, d.provider,
        r.schedule_kind, r.daily_at, r.cron, r.due_at, r.timezone, r.missed_policy,
        r.active AS reminder_active, r.next_due_at AS reminder_next_due_at,
        p.kind AS run_kind, p.status AS run_status, p.held_at AS run_held_at, d.event_id,
-       d.content_purged_at
+       d.content_purged_at, d.erased_at
 FROM deliveries AS d
 LEFT JOIN reminders AS r ON r.id = d.reminder_id
 LEFT JOIN publish_runs AS p ON p.id = d.run_id

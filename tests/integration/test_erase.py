@@ -9,6 +9,7 @@ changes, a delivery in flight refuses it, and the audit row holds a keyed hash o
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,7 @@ async def test_erasing_an_email_address_leaves_no_trace_in_any_column_and_bob_un
         after = await es.dump(pool)
         assert es.holding(after, BOB) == es.holding(before, BOB)
         await _check_email_erasure(pool, done, key.of(ANN))
+        await _shown_erased(s, pool)
         emailed = len(p.email.emails)
         await _not_revived(s, pool, p)
         assert [e["to"] for e in p.email.emails[emailed:]] == [["cy@example.com"]]
@@ -156,6 +158,16 @@ async def _check_email_erasure(pool: asyncpg.Pool, done: dict[str, Any], ref: st
     assert await pool.fetchval("SELECT count(*) FROM suppressions") == 1
     kept = "SELECT count(*) FROM receipts r JOIN deliveries d ON d.id = r.delivery_id"
     assert await pool.fetchval(kept + " WHERE d.erased_at IS NULL") >= 4
+
+
+async def _shown_erased(s: Settings, pool: asyncpg.Pool) -> None:
+    """``deliveries show`` says when an erased row was erased, and nothing of Ann."""
+    erased = await pool.fetchval("SELECT min(id) FROM deliveries WHERE erased_at IS NOT NULL")
+    text = await es.ok(s, "deliveries", "show", str(erased))
+    assert "\n  erased           " in text and "(relay erase): recipient, payload" in text
+    assert ANN not in text.lower() and ANN_STORED not in text
+    shown = json.loads(await es.ok(s, "deliveries", "show", str(erased), "--json"))
+    assert shown["erased_at"] is not None
 
 
 async def _not_revived(s: Settings, pool: asyncpg.Pool, p: Providers) -> None:
