@@ -138,16 +138,7 @@ def render_story(data: dict[str, Any]) -> str:
             lines.append(f"  {key:<16} {_t(value) if isinstance(value, datetime) else value}")
     created, finished = _t(data["created_at"]), _t(data["finished_at"])
     lines.append(f"  {'created/final':<16} {created} / {finished}")
-    if data["content_purged_at"] is not None:
-        lines.append(
-            f"  {'content':<16} purged {_t(data['content_purged_at'])} (retention): payload, "
-            "recipient and replies are gone; ids, state, times, counts and reasons stay"
-        )
-    if data["erased_at"] is not None:
-        lines.append(
-            f"  {'erased':<16} {_t(data['erased_at'])} (relay erase): recipient, payload, "
-            "replies and receipt are gone; ids, state, times and counts stay"
-        )
+    lines.extend(_removed_lines(data))
     if data["reminder"] is not None:
         r = data["reminder"]
         active = "active" if r["active"] else "inactive or gone"
@@ -188,6 +179,22 @@ def render_story(data: dict[str, Any]) -> str:
     lines.extend(_receipt_lines(data["receipts"]))
     lines.extend(_reconciliation_lines(data["reconciliations"]))
     return "\n".join(lines)
+
+
+def _removed_lines(data: dict[str, Any]) -> list[str]:
+    """What retention purged and an erasure redacted of the row, and when."""
+    lines = []
+    if data["content_purged_at"] is not None:
+        lines.append(
+            f"  {'content':<16} purged {_t(data['content_purged_at'])} (retention): payload, "
+            "recipient and replies are gone; ids, state, times, counts and reasons stay"
+        )
+    if data["erased_at"] is not None:
+        lines.append(
+            f"  {'erased':<16} {_t(data['erased_at'])} (relay erase): recipient, payload, "
+            "replies and receipt are gone; ids, state, times and counts stay"
+        )
+    return lines
 
 
 def _receipt_lines(found: list[dict[str, Any]]) -> list[str]:
