@@ -23,6 +23,7 @@ import pytest
 from service import amqp, db
 from service.ops import partner as partner_mod
 from service.settings import Settings
+from tests.support import heavy
 from tests.support import relay as relay_support
 
 BASE_DB_URL = os.environ.get("RELAY_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -62,9 +63,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return next((i for i, prefix in enumerate(_ORDER) if path.startswith(prefix)), 0)
 
     items.sort(key=rank)  # stable: file order within each folder
+    # Fault modules in one group per CPU (tests/support/heavy.py): whole modules, so a
+    # module's shared node stays on one worker, and at most that many run at once.
+    fault = heavy.groups((_module(i) for i in items if _is_fault(i)), heavy.slots())
     for item in items:
-        if _MODULE_SERVERS & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if _is_fault(item):
+            item.add_marker(pytest.mark.xdist_group(f"fault-{fault[_module(item)]}"))
+        elif _MODULE_SERVERS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(_module(item)))
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _is_fault(item: pytest.Item) -> bool:
+    return item.nodeid.startswith("tests/fault/")
+
+
+# Held by this worker while it runs a fault module: at most one per CPU on the machine,
+# whatever number of suites run (tests/support/heavy.py).
+_FAULT_SLOT = heavy.Slot(heavy.slots())
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's alarm
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if _is_fault(item):
+        _FAULT_SLOT.acquire()  # waiting for another suite's module is not this test's time
+    yield
+    if _is_fault(item) and (nextitem is None or _module(nextitem) != _module(item)):
+        _FAULT_SLOT.release()  # the module's nodes went with this item's teardown
 
 
 @pytest.fixture(scope="session")

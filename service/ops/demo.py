@@ -90,12 +90,29 @@ async def _delete_namespace(settings: Settings, namespace: str) -> None:
         await amqp.delete_topology(channel, topology)
 
 
+# DROP DATABASE ... WITH (FORCE) waits at most 5 s for the other sessions of the database
+# to end (the run's consumers' and receivers' connections, closing as they exit); on a
+# loaded machine that can take longer, so a drop refused for it is tried again.
+_DROP_ATTEMPTS, _DROP_PAUSE_SECONDS = 6, 2.0
+
+
+async def _drop_database(settings: Settings, run: _Run) -> None:
+    drop = _database_sql(db.q("demo_drop_database"), run.database)
+    for attempt in range(1, _DROP_ATTEMPTS + 1):
+        try:
+            await _admin(settings, drop)
+            return
+        except asyncpg.ObjectInUseError:
+            if attempt == _DROP_ATTEMPTS:
+                raise
+            await asyncio.sleep(_DROP_PAUSE_SECONDS)
+
+
 async def _remove(settings: Settings, run: _Run) -> None:
     """Drop the run's database and delete its broker namespace; a part that cannot be
     removed is one line naming it (the demo's outcome stands)."""
-    drop = _database_sql(db.q("demo_drop_database"), run.database)
     try:
-        await _admin(settings, drop)
+        await _drop_database(settings, run)
     except Exception as exc:  # the server went away meanwhile: say what is left
         print(f"-- could not drop database {run.database} ({type(exc).__name__})")
     try:

@@ -1,0 +1,97 @@
+"""How many fault modules run at once, in one suite and on the whole machine.
+
+A fault test starts servers of its own (a RabbitMQ node boots an Erlang VM, a cluster
+three) and then holds the pipeline to deadlines its settings derive (a SIGTERM within the
+grace, a rescue after its lease). Two suites at once on 2 cores with four workers each ran
+up to eight of those modules together and missed such deadlines from load alone. So:
+
+* in one suite, the fault modules are split into one group per CPU (``groups``), whole
+  modules, longest first onto the lightest group, so pytest-xdist runs at most that many
+  at once and the other workers take the rest of the suite;
+* on the machine, a module holds one of ``slots()`` (one per CPU) while it runs
+  (``Slot``): a lock file under the temporary directory, ``flock``-ed, released when the
+  worker moves to another module or exits (a killed worker's lock goes with it). A second
+  suite's fault module waits for a slot before its first test, outside the test's timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+# Seconds a module took (a fresh clone, 2026-12-02, four workers): only to balance the
+# groups; a module not named counts DEFAULT_WEIGHT.
+WEIGHTS = {
+    "tests/fault/test_rabbit_cluster.py": 281,
+    "tests/fault/test_broker_outages.py": 194,
+    "tests/fault/test_database_faults.py": 135,
+    "tests/fault/test_broker_loss.py": 71,
+    "tests/fault/test_channel_faults.py": 59,
+    "tests/fault/test_nodes_smoke.py": 44,
+    "tests/fault/test_failed_session_starts.py": 41,
+    "tests/fault/test_postgres_failover.py": 40,
+}
+DEFAULT_WEIGHT = 20
+LOCKS = Path(tempfile.gettempdir()) / "relay-test-fault-slots"
+
+
+def slots() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def groups(modules: Iterable[str], count: int) -> dict[str, int]:
+    """Module path -> group number in ``range(count)``, longest module first onto the
+    group with the least weight so far (ties: the lower number)."""
+    load = [0] * count
+    chosen: dict[str, int] = {}
+    for module in sorted(set(modules), key=lambda m: (-WEIGHTS.get(m, DEFAULT_WEIGHT), m)):
+        group = min(range(count), key=lambda g: (load[g], g))
+        chosen[module] = group
+        load[group] += WEIGHTS.get(module, DEFAULT_WEIGHT)
+    return chosen
+
+
+class Slot:
+    """One of ``count`` machine-wide slots, held from ``acquire`` to ``release``."""
+
+    def __init__(self, count: int, locks: Path = LOCKS, poll_seconds: float = 0.5) -> None:
+        self.count, self.locks, self.poll = count, locks, poll_seconds
+        self._held: int | None = None  # the open lock file's descriptor
+        self.waited_seconds = 0.0
+
+    @property
+    def held(self) -> bool:
+        return self._held is not None
+
+    def acquire(self) -> None:
+        """Wait until one of the slots is free and take it."""
+        if self._held is not None:
+            return
+        if not self.locks.exists():
+            self.locks.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):  # every user's suites share the slots
+                self.locks.chmod(0o1777)
+        started = time.monotonic()
+        while True:
+            for n in range(self.count):
+                # Read-only is enough for flock, and opens a file another user created.
+                fd = os.open(self.locks / f"slot-{n}", os.O_RDONLY | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                self._held = fd
+                self.waited_seconds += time.monotonic() - started
+                return
+            time.sleep(self.poll)
+
+    def release(self) -> None:
+        if self._held is not None:
+            os.close(self._held)  # closing the descriptor releases its flock
+            self._held = None
