@@ -11,7 +11,9 @@ up to eight of those modules together and missed such deadlines from load alone.
 * on the machine, a module holds one of ``slots()`` (one per CPU) while it runs
   (``Slot``): a lock file under the temporary directory, ``flock``-ed, released when the
   worker moves to another module or exits (a killed worker's lock goes with it). A second
-  suite's fault module waits for a slot before its first test, outside the test's timeout.
+  suite's fault module waits for a slot before its first test, outside the test's timeout,
+  and a worker moving to its next module lets waiting ones go first, so two suites take
+  turns instead of one finishing its fault modules while the other's wait.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ WEIGHTS = {
 }
 DEFAULT_WEIGHT = 20
 LOCKS = Path(tempfile.gettempdir()) / "relay-test-fault-slots"
+# A worker that wants a slot while others wait lets them go first, for at most this long
+# (then it competes); a waiter touches its mark every poll, a mark older than
+# _FRESH_SECONDS is not a waiter's.
+_DEFER_SECONDS = 10.0
+_FRESH_SECONDS = 5.0
 
 
 def slots() -> int:
@@ -69,7 +76,10 @@ class Slot:
         return self._held is not None
 
     def acquire(self) -> None:
-        """Wait until one of the slots is free and take it."""
+        """Wait until one of the slots is free and take it. Someone already waiting goes
+        first (up to ``_DEFER_SECONDS``): a worker that just let a slot go and wants one
+        for its next module gives the waiters a turn, or another suite's waiting workers
+        would starve."""
         if self._held is not None:
             return
         if not self.locks.exists():
@@ -77,19 +87,50 @@ class Slot:
             with contextlib.suppress(OSError):  # every user's suites share the slots
                 self.locks.chmod(0o1777)
         started = time.monotonic()
-        while True:
-            for n in range(self.count):
-                # Read-only is enough for flock, and opens a file another user created.
-                fd = os.open(self.locks / f"slot-{n}", os.O_RDONLY | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                self._held = fd
-                self.waited_seconds += time.monotonic() - started
-                return
+        while self._others_waiting() and time.monotonic() - started < _DEFER_SECONDS:
             time.sleep(self.poll)
+        waiting = self.locks / f"waiting-{os.getpid()}"
+        try:
+            while not self._take():
+                waiting.touch()
+                time.sleep(self.poll)
+        finally:
+            waiting.unlink(missing_ok=True)
+        self.waited_seconds += time.monotonic() - started
+
+    def _take(self) -> bool:
+        for n in range(self.count):
+            # Read-only is enough for flock, and opens a file another user created.
+            fd = os.open(self.locks / f"slot-{n}", os.O_RDONLY | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._held = fd
+            return True
+        return False
+
+    def _others_waiting(self) -> bool:
+        """Whether a live process other than this one is waiting for a slot (a killed
+        waiter's mark is removed)."""
+        for mark in self.locks.glob("waiting-*"):
+            pid = int(mark.name.removeprefix("waiting-"))
+            if pid == os.getpid():
+                continue
+            try:
+                if time.time() - mark.stat().st_mtime > _FRESH_SECONDS:
+                    continue  # not touched lately: not a waiter (a reused pid, say)
+                os.kill(pid, 0)
+            except FileNotFoundError:
+                continue  # it got its slot meanwhile
+            except ProcessLookupError:
+                mark.unlink(missing_ok=True)
+                continue
+            except PermissionError:
+                pass  # another user's live process
+            return True
+        return False
 
     def release(self) -> None:
         if self._held is not None:

@@ -4,10 +4,16 @@ waits for until the first lets go."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 from tests.support import heavy
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_groups_keep_modules_whole_and_put_the_longest_first_onto_the_lightest() -> None:
@@ -52,3 +58,57 @@ def test_two_slots_are_two_holders_at_once(tmp_path: Path) -> None:
     assert locks == ["slot-0", "slot-1"]
     for slot in slots:
         slot.release()
+
+
+_WAITER = """
+import sys
+from pathlib import Path
+from tests.support import heavy
+slot = heavy.Slot(1, Path(sys.argv[1]), poll_seconds=0.05)
+slot.acquire()
+print("got", flush=True)
+sys.stdin.read()  # held until the test closes stdin
+"""
+
+
+def test_a_worker_wanting_a_slot_again_lets_another_suites_waiter_go_first(
+    tmp_path: Path,
+) -> None:
+    mine = heavy.Slot(1, tmp_path, poll_seconds=0.05)
+    mine.acquire()
+    with subprocess.Popen(
+        [sys.executable, "-c", _WAITER, str(tmp_path)],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as waiter:  # fmt: skip
+        try:
+            _first_while_waiting(mine, waiter, tmp_path / f"waiting-{waiter.pid}")
+        finally:
+            waiter.kill()
+            mine.release()
+
+
+def _first_while_waiting(mine: heavy.Slot, waiter: subprocess.Popen[str], mark: Path) -> None:
+    for _ in range(600):  # its interpreter starting: up to a minute on a busy machine
+        if mark.exists():
+            break
+        time.sleep(0.1)
+    assert mark.exists(), "the other process never waited"
+    mine.release()
+    again = threading.Thread(target=mine.acquire, daemon=True)
+    again.start()  # the next module: but someone is waiting
+    assert waiter.stdout is not None and waiter.stdout.readline() == "got\n"
+    assert not mine.held  # the waiter went first
+    assert waiter.stdin is not None
+    waiter.stdin.close()
+    again.join(60)
+    assert mine.held
+
+
+def test_a_dead_waiters_mark_is_removed_and_does_not_count(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / f"waiting-{gone.pid}").touch()
+    assert not heavy.Slot(1, tmp_path)._others_waiting()
+    assert not (tmp_path / f"waiting-{gone.pid}").exists()
+    (tmp_path / f"waiting-{os.getppid()}").touch()  # a live process
+    assert heavy.Slot(1, tmp_path)._others_waiting()
