@@ -59,6 +59,17 @@ async def state_of(pool: asyncpg.Pool, reminder_id: str) -> tuple[bool, str | No
     return row["active"], row["inactive_reason"]
 
 
+async def _held(pool: asyncpg.Pool) -> list[dict[str, object]]:
+    """The deliveries not final and their reminders' staleness, as the database sees them."""
+    rows = await pool.fetch(
+        "SELECT d.reminder_id, d.state::text AS state, d.occurrence_at, d.next_attempt_at,"
+        " r.stale_after, r.send_stale, r.inactive_reason, now() AS now FROM deliveries d"
+        " LEFT JOIN reminders r ON r.id = d.reminder_id WHERE d.finished_at IS NULL"
+        " ORDER BY d.id"
+    )
+    return [dict(r) for r in rows]
+
+
 async def count(pool: asyncpg.Pool, sql: str, *args: object) -> int:
     return int(await pool.fetchval(sql, *args))
 
@@ -118,7 +129,7 @@ async def test_enable_resumes_what_disable_paused_by_policy_and_never_a_cancelle
         assert await state_of(pool, "cancelled") == (False, "cancelled")
 
         said = await rs.relay(settings, "destinations", "enable", url)
-        assert said.code == 0 and said.stdout == readme_dry_run(url)  # the README's words
+        assert said.code == 0 and said.stdout == readme_dry_run(url), await _held(pool)
         dry = await rs.relay(settings, "destinations", "enable", url, "--json")
         assert dry.code == 0, dry.stderr
         planned = json.loads(dry.stdout)
