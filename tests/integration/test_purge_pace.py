@@ -5,9 +5,6 @@ exit 2 naming it."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import asyncpg
 
 from service import retention
@@ -15,6 +12,8 @@ from service.ledger import purge
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support import retention as history
+
+_json = history.purge_json  # relay purge --json ARGS
 
 # Webhook deliveries that ended 100 days ago: past their content (30) and row (90) periods.
 OLD = [history.Spec(f"old_{i}", "webhook", "delivered", 100) for i in range(40)]
@@ -80,13 +79,6 @@ async def test_a_paced_purge_sleeps_after_each_committed_batch_never_inside_one(
     assert summary.content["deliveries"] == 0 and summary.rows["deliveries"] == 40
     recorded = await pool.fetchval("SELECT policy FROM purge_runs WHERE id = $1", summary.run_id)
     assert recorded["rows_per_second"] == 100
-
-
-async def _json(settings: Settings, *args: str, **env: str) -> dict[str, Any]:
-    result = await rs.relay(settings, "purge", "--json", *args, **env)
-    assert result.code == 0, result.stderr
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
 
 
 async def test_relay_purge_reports_and_records_its_cap_and_the_time_it_spent_paced(

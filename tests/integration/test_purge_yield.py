@@ -7,9 +7,6 @@ exit 2 naming it."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import asyncpg
 
 from service import retention
@@ -17,6 +14,8 @@ from service.ledger import Attempt, Completion, State, purge, sending
 from service.settings import Settings
 from tests.support import relay as rs
 from tests.support import retention as history
+
+_json = history.purge_json  # relay purge --json ARGS
 
 # Webhook deliveries that ended 100 days ago: past their content (30) and row (90) periods.
 OLD = [history.Spec(f"old_{i}", "webhook", "delivered", 100) for i in range(40)]
@@ -107,13 +106,6 @@ async def test_a_delivery_due_later_or_retrying_later_is_not_waited_for(
     )  # fmt: skip
     assert drain.seen == [] and summary.yielded_seconds == 0
     assert summary.rows["deliveries"] == 40
-
-
-async def _json(settings: Settings, *args: str, **env: str) -> dict[str, Any]:
-    result = await rs.relay(settings, "purge", "--json", *args, **env)
-    assert result.code == 0, result.stderr
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
 
 
 async def test_relay_purge_reports_its_bound_and_the_time_it_waited(

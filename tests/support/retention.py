@@ -10,6 +10,7 @@ what the default policy (README defaults) purges of it, run by run.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,6 +31,7 @@ from service import (
 from service.db import q
 from service.ledger import Attempt, Completion, State, admission, publish_runs, replays, sending
 from service.receipt_events import ReceiptEvent
+from service.settings import Settings
 from tests.support import relay as rs
 
 HOOK = "http://127.0.0.1:9/hooks/"
@@ -303,3 +305,12 @@ async def counts(pool: asyncpg.Pool) -> dict[str, int]:
               "publish_runs", "run_actions", "destination_actions", "replays", "console_reveals",
               "console_sessions", "admission_pauses", "suppressions")  # fmt: skip
     return {t: await pool.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
+
+
+async def purge_json(settings: Settings, *args: str, **env: str) -> dict[str, Any]:
+    """``relay purge --json ARGS`` as a real process (``env``: extra RELAY_* settings);
+    its document, once it exited 0."""
+    result = await rs.relay(settings, "purge", "--json", *args, **env)
+    assert result.code == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
