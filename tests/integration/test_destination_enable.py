@@ -59,15 +59,18 @@ async def state_of(pool: asyncpg.Pool, reminder_id: str) -> tuple[bool, str | No
     return row["active"], row["inactive_reason"]
 
 
-async def _held(pool: asyncpg.Pool) -> list[dict[str, object]]:
-    """The deliveries not final and their reminders' staleness, as the database sees them."""
+async def _held(pool: asyncpg.Pool) -> str:
+    """The deliveries not final and their reminders' staleness, as the database sees
+    them: one short line each (a long repr is cut off in a failure's report)."""
     rows = await pool.fetch(
-        "SELECT d.reminder_id, d.state::text AS state, d.occurrence_at, d.next_attempt_at,"
-        " r.stale_after, r.send_stale, r.inactive_reason, now() AS now FROM deliveries d"
-        " LEFT JOIN reminders r ON r.id = d.reminder_id WHERE d.finished_at IS NULL"
-        " ORDER BY d.id"
+        "SELECT d.id, d.reminder_id, d.state::text AS state, d.attempts,"
+        " round(extract(epoch FROM now() - d.occurrence_at)::numeric, 1) AS age,"
+        " round(extract(epoch FROM d.next_attempt_at - now())::numeric, 1) AS due_in,"
+        " extract(epoch FROM r.stale_after) AS stale_after, r.send_stale, r.inactive_reason"
+        " FROM deliveries d LEFT JOIN reminders r ON r.id = d.reminder_id"
+        " WHERE d.finished_at IS NULL ORDER BY d.id"
     )
-    return [dict(r) for r in rows]
+    return "\n".join(" ".join(f"{k}={v}" for k, v in r.items()) for r in rows)
 
 
 async def count(pool: asyncpg.Pool, sql: str, *args: object) -> int:
@@ -126,10 +129,18 @@ async def test_enable_resumes_what_disable_paused_by_policy_and_never_a_cancelle
         # cancelled one cancelled; here it also makes the held delivery stale.
         await rs.load(pool, [rs.line("held-stale", url, due_at=due, stale_after=1), lines[-1]])
         assert await state_of(pool, "held-stale") == (False, "destination_disabled")
+        stale_now = (
+            "SELECT count(*) FROM deliveries d JOIN reminders r ON r.id = d.reminder_id"
+            " WHERE r.id = 'held-stale' AND d.state = 'retrying' AND NOT r.send_stale"
+            " AND now() - d.occurrence_at > r.stale_after"
+        )
+        assert await count(pool, stale_now) == 1, await _held(pool)
         assert await state_of(pool, "cancelled") == (False, "cancelled")
 
         said = await rs.relay(settings, "destinations", "enable", url)
-        assert said.code == 0 and said.stdout == readme_dry_run(url), await _held(pool)
+        assert said.code == 0 and said.stdout == readme_dry_run(url), said.stdout + await _held(
+            pool
+        )
         dry = await rs.relay(settings, "destinations", "enable", url, "--json")
         assert dry.code == 0, dry.stderr
         planned = json.loads(dry.stdout)
