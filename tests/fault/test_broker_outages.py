@@ -252,11 +252,14 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
     tmp_path: Path,
 ) -> None:
     settings = _settings(settings, module_rabbit)
-    partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=0.5)
+    # 50 requests at a time, 1 s each: ~20 s of drain, so most of it (and most first
+    # requests of the flaky keys) is still ahead when the alarm is on, however long
+    # rabbitmqctl takes on a loaded machine (at 0.5 s a drain finished under it first).
+    partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=1.0)
     # One key in ten: 503 on its first request, so its retry is published (a publishing
     # connection is what the broker blocks), then 200.
     partner.state.rules["flaky"] = partner_mod.PathRule(
-        status=503, first_n_per_key=1, delay_seconds=0.5
+        status=503, first_n_per_key=1, delay_seconds=1.0
     )
     await _prepare(settings, pool, partner, ALARM_ROWS, "flaky")
     log_path = tmp_path / "consumer.log"
@@ -268,7 +271,7 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
     try:
 
         async def under_way() -> bool:
-            return await _count(pool, "delivered") >= ALARM_ROWS // 4
+            return await _count(pool, "delivered") >= ALARM_ROWS // 20
 
         assert await eventually(under_way, 120), "the drain never got under way"
         await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.0001")
