@@ -262,7 +262,12 @@ async def _follow(stop: asyncio.Event, halt: asyncio.Event) -> None:
 
 
 async def _cancel_task(task: asyncio.Task[Any]) -> None:
-    task.cancel()
+    # A cancel that lands inside a library call can come out as that library's error (seen:
+    # the metrics sampler logged a failed round and slept on, and the stop waited 60 s):
+    # cancel again until the task has ended.
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
     await asyncio.gather(task, return_exceptions=True)
 
 
