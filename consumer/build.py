@@ -295,22 +295,28 @@ def overdue_sweep(
     connection: AbstractConnection,
     publisher: publishing.ConfirmedPublisher,
     metrics: Metrics,
+    on_unclaimed: Callable[[], None],
 ) -> Coroutine[Any, Any, None] | None:
-    """The overdue sweep's loop for one broker session; None when it is turned off."""
+    """The overdue sweep's loop for one broker session; None when it is turned off.
+    ``on_unclaimed`` ends the session (its lanes do not deliver to it)."""
     if settings.overdue_sweep_seconds <= 0:
         return None
+    topology = amqp.Topology.from_settings(settings)
     count_waiting = functools.partial(
-        brokers.ready_total,
-        connection,
-        amqp.Topology.from_settings(settings).waiting_queues(),
-        settings.amqp_timeout_seconds,
+        brokers.ready_total, connection, topology.waiting_queues(), settings.amqp_timeout_seconds
+    )
+    lanes = [topology.lane_queue(lane) for lane in (amqp.URGENT, amqp.BULK)]
+    count_lanes_ready = functools.partial(
+        brokers.ready_total, connection, lanes, settings.amqp_timeout_seconds
     )
     sweep = overdue.OverdueSweep(
         pool=pool,
         publisher=publisher,
         count_waiting=count_waiting,
+        count_lanes_ready=count_lanes_ready,
         metrics=metrics,
         after_seconds=settings.overdue_after_seconds,
         limit=settings.rescue_batch_limit,
+        on_unclaimed=on_unclaimed,
     )
     return overdue.run_sweep(sweep, settings.overdue_sweep_seconds)

@@ -18,6 +18,14 @@ in every replica:
 
 A copy whose original arrives too is harmless: whichever comes second finds its row
 claimed or final (``relay.overdue.duplicates`` counts those).
+
+A row stamped again whose earlier copy did not reach a consumer either, while nothing is
+ready in the lanes (no backlog it could wait behind), means the lanes do not deliver to
+this session: RabbitMQ 3.10, when a lane queue was deleted and declared
+again at once (a publish run declares the topology every run), sent no ``basic.cancel``
+and kept handing the new queue's messages to the old consumer, which never got them. The
+sweep then ends the session (``on_unclaimed``) after publishing the copies: the channel
+closing gives back what it held, and the next session consumes again.
 """
 
 from __future__ import annotations
@@ -38,14 +46,17 @@ log = logs.get("consumer")
 
 @dataclass(frozen=True)
 class OverdueSweep:
-    """One consumer's sweep; ``count_waiting`` counts the messages ready in the queues."""
+    """One consumer's sweep; ``count_waiting`` counts the messages ready in the queues,
+    ``count_lanes_ready`` those in the lanes alone."""
 
     pool: asyncpg.Pool
     publisher: publishing.ConfirmedPublisher
     count_waiting: Callable[[], Awaitable[int]]
+    count_lanes_ready: Callable[[], Awaitable[int]]
     metrics: Metrics
     after_seconds: float
     limit: int
+    on_unclaimed: Callable[[], None] = lambda: None
 
     async def once(self) -> int:
         """One pass; how many rows it republished."""
@@ -58,12 +69,12 @@ class OverdueSweep:
                 extra={"event": "overdue_capped"},
             )
             return 0
-        rows = await recovery.stamp_overdue(self.pool, self.after_seconds, min(room, self.limit))
-        if not rows:
+        overdue = await recovery.stamp_overdue(self.pool, self.after_seconds, min(room, self.limit))
+        if not overdue.rows:
             return 0  # another replica took them
         # Stamped first, so that no other replica copies them too; a publish that fails
         # here leaves its row to a pass one interval later.
-        confirmed, failed = await self.publisher.publish_many(rows)
+        confirmed, failed = await self.publisher.publish_many(overdue.rows)
         self.metrics.overdue_republished.add(len(confirmed))
         log.warning(
             "republished queued deliveries whose message did not come",
@@ -74,6 +85,13 @@ class OverdueSweep:
                 "after_seconds": self.after_seconds,
             },
         )
+        # Nothing ready in the lanes: the copies were not waiting behind a backlog.
+        if overdue.copies_unclaimed and not await self.count_lanes_ready():
+            log.error(
+                "copies republished earlier did not reach a consumer either: consuming again",
+                extra={"event": "lanes_not_delivering", "rows": overdue.copies_unclaimed},
+            )
+            self.on_unclaimed()
         return len(confirmed)
 
 

@@ -222,7 +222,12 @@ async def _consume(
     )
     stack.push_async_callback(_cancel_task, asyncio.create_task(sampling))
     sweeping = build.overdue_sweep(
-        settings, shared.pool, opened.connection, opened.publisher, metrics
+        settings,
+        shared.pool,
+        opened.connection,
+        opened.publisher,
+        metrics,
+        on_unclaimed=lambda: failure.fail("lanes not delivering to this session"),
     )
     if sweeping is not None:
         stack.push_async_callback(_cancel_task, asyncio.create_task(sweeping))

@@ -12,6 +12,7 @@ a no-op.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from service.db import q
 from service.ledger.model import Executor, retry_on_conflict
@@ -36,14 +37,23 @@ async def overdue_exists(executor: Executor, after_seconds: float) -> bool:
     return bool(await executor.fetchval(q("overdue_exists"), after_seconds))
 
 
-async def stamp_overdue(
-    executor: Executor, after_seconds: float, limit: int
-) -> list[tuple[int, bool]]:
+@dataclass(frozen=True)
+class Overdue:
+    """Rows a sweep stamped: (id, urgent) of each, and how many of them a sweep had
+    already republished since their last publication (that copy did not come either)."""
+
+    rows: list[tuple[int, bool]]
+    copies_unclaimed: int
+
+
+async def stamp_overdue(executor: Executor, after_seconds: float, limit: int) -> Overdue:
     """Stamp up to ``limit`` queued rows not claimed ``after_seconds`` after they were due
-    (or published) as republished; (id, urgent) of each, oldest due first. Concurrent
-    callers get different rows."""
+    (or published) as republished, oldest due first. Concurrent callers get different
+    rows."""
     rows = await executor.fetch(q("stamp_overdue"), after_seconds, limit)
-    return [(r["id"], r["urgent"]) for r in rows]
+    return Overdue(
+        [(r["id"], r["urgent"]) for r in rows], sum(1 for r in rows if r["copy_unclaimed"])
+    )
 
 
 async def open_owed_count(executor: Executor) -> int:

@@ -542,9 +542,11 @@ SELECT EXISTS (
 -- what this returns. A row stamped (or rescued) within the last $1 s is left alone.
 -- SKIP LOCKED: the sweeps of other replicas take other rows, a row being claimed right now
 -- is left to its claim, and as this never waits it cannot deadlock with statements that
--- lock in id order.
+-- lock in id order. copy_unclaimed: a sweep's copy of this row (since its last
+-- publication) did not reach a consumer either.
 WITH overdue AS (
-    SELECT id FROM deliveries
+    SELECT id, republished_at, coalesce(published_at, occurrence_at) AS last_published
+    FROM deliveries
     WHERE state = 'queued'
       AND occurrence_at < now() - make_interval(secs => $1)
       AND coalesce(published_at, occurrence_at) < now() - make_interval(secs => $1)
@@ -557,7 +559,8 @@ WITH overdue AS (
 UPDATE deliveries AS d SET republished_at = now(), republishes = d.republishes + 1
 FROM overdue
 WHERE d.id = overdue.id AND d.state = 'queued'
-RETURNING d.id, d.urgent;
+RETURNING d.id, d.urgent,
+          coalesce(overdue.republished_at >= overdue.last_published, false) AS copy_unclaimed;
 
 -- name: open_owed_count
 -- Rows whose message should be in a queue now (what rescue compares the queues against).

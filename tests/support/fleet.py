@@ -488,6 +488,7 @@ class Fleet:
         self.publish_runs: list[PublishRun] = []
         self.rows = 0
         self._publisher: asyncio.Task[None] | None = None
+        self._publish_run = asyncio.Lock()  # held by each run; publish_paused() takes it
 
     # -- bookkeeping
 
@@ -554,27 +555,38 @@ class Fleet:
         if self._publisher is None:
             self._publisher = asyncio.create_task(self._publish_loop())
 
+    @contextlib.asynccontextmanager
+    async def publish_paused(self) -> AsyncIterator[None]:
+        """No publish run starts inside the block (one under way finishes first)."""
+        async with self._publish_run:
+            yield
+
     async def _publish_loop(self) -> None:
         while True:
-            began = time.monotonic()
-            with open(self.log_dir / "publish.log", "ab") as log:  # the child keeps a copy
-                proc = await forked.spawn(
-                    ["publish"], rs.env_for(self.settings, **self.env), stderr=log
-                )
-            code: int | None
-            try:
-                code = await asyncio.wait_for(proc.wait(), self.publish_deadline)
-            except TimeoutError:
-                proc.kill()  # activeDeadlineSeconds
-                await proc.wait()
-                code = None
-            except asyncio.CancelledError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-                raise
-            self.publish_runs.append(PublishRun(code, began - self.t0, time.monotonic() - began))
+            async with self._publish_run:
+                began = time.monotonic()
+                await self._publish_once()
             await asyncio.sleep(max(0.0, began + self.publish_every - time.monotonic()))
+
+    async def _publish_once(self) -> None:
+        began = time.monotonic()
+        with open(self.log_dir / "publish.log", "ab") as log:  # the child keeps a copy
+            proc = await forked.spawn(
+                ["publish"], rs.env_for(self.settings, **self.env), stderr=log
+            )
+        code: int | None
+        try:
+            code = await asyncio.wait_for(proc.wait(), self.publish_deadline)
+        except TimeoutError:
+            proc.kill()  # activeDeadlineSeconds
+            await proc.wait()
+            code = None
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
+        self.publish_runs.append(PublishRun(code, began - self.t0, time.monotonic() - began))
 
     async def stop(self) -> None:
         """Stop the publish loop, SIGTERM every consumer (SIGKILL past the bound).
