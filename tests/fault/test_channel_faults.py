@@ -86,7 +86,10 @@ async def test_consumer_channel_closed_by_the_server_is_noticed_and_nothing_is_l
     try:
         await fleet.prepare(ROWS)
         await asyncio.to_thread(rabbit.set_env, "channel_tick_interval", 500)
-        (first,) = await fleet.start_consumers(1)
+        # The first drains slowly (20 at a time: 8 a second), so messages are still queued
+        # for the second, however long the rabbitmqctl calls below take on a loaded machine
+        # (seen: 60 s, by which time a first at full prefetch had drained all 2,000).
+        (first,) = await fleet.start_consumers(1, prefetch="20")
         assert await fleet.supervisor.wait_ready(first), "first consumer never ready"
         bulk = f"{fleet.namespace}.deliveries"
         firsts = await asyncio.to_thread(rabbit.consumer_channels, bulk)
