@@ -16,6 +16,7 @@ leaves rows ``pending`` (or stranded ``queued``) for the next run to publish.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import socket
@@ -38,6 +39,9 @@ from service.telemetry import Metrics
 log = logs.get("publisher")
 
 _CLOSE_SECONDS = 5.0
+# Admitted batches being published at once: two keep the broker's confirm window full
+# across a batch boundary; more would only hold more rows in memory.
+_BATCHES_PUBLISHING = 2
 
 
 @dataclass
@@ -149,19 +153,24 @@ class PublishRun:
         return await self._finish(status)
 
     async def _admit_all(self, now: datetime) -> None:
-        # Batch n is published while batch n+1 is admitted: at most one batch in flight
-        # on each side, so memory stays flat and the broker's round trips overlap with
-        # the database's.
-        publishing: asyncio.Task[None] | None = None
+        # Batches are published while the next is admitted, and a batch's publishes start
+        # while the one before waits for its last confirms: the window of unconfirmed
+        # publishes (RELAY_PUBLISH_MAX_IN_FLIGHT) stays full instead of draining to zero
+        # at every batch's end. At most _BATCHES_PUBLISHING batches in memory at once.
+        publishing: collections.deque[asyncio.Task[None]] = collections.deque()
         try:
             while (ready := await self._admit_batch(now)) is not None:
-                if publishing is not None:
-                    await publishing
+                if len(publishing) == _BATCHES_PUBLISHING:
+                    await publishing.popleft()
                 # Committed first, then published: a crash here leaves the rows pending.
-                publishing = asyncio.create_task(self._publish(ready))
+                publishing.append(asyncio.create_task(self._publish(ready)))
         finally:
-            if publishing is not None:
-                await publishing
+            # Every batch's publishes end before the run goes on (or fails): none is left
+            # running unawaited, and the first failure is the one raised.
+            outcomes = await asyncio.gather(*publishing, return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def _admit_batch(self, now: datetime) -> list[tuple[int, bool, datetime]] | None:
         """Admit one batch in one transaction; its new pending rows, or None if none due."""
@@ -237,9 +246,10 @@ class PublishRun:
     async def _publish(self, items: list[tuple[int, bool, datetime]]) -> None:
         """Publish rows so each reaches its lane when it falls due (those admitted ahead
         through the timer ladder), soonest due first, and mark confirmed ones queued."""
+        publisher = self._publisher  # two batches publish at once: either may drop it
         if not items:
             return
-        if self._publisher is None:
+        if publisher is None:
             self.counts.failed += len(items)
             return
         now = self._clock.now()
@@ -247,7 +257,7 @@ class PublishRun:
             ((i, urgent, (at - now).total_seconds()) for i, urgent, at in items),
             key=lambda item: item[2],
         )
-        confirmed, failed = await self._publisher.publish_many(due, self._headers)
+        confirmed, failed = await publisher.publish_many(due, self._headers)
         await publication.mark_queued(self._pool, confirmed)
         self.counts.published += len(confirmed)
         self.counts.failed += len(failed)
@@ -258,7 +268,7 @@ class PublishRun:
                 "publishes not confirmed; rows left pending",
                 extra={"event": "publish_failed", "run_id": self.run_id, "failed": len(failed)},
             )
-            if self._publisher.closed:
+            if publisher.closed:
                 self._publisher = None  # broker gone: stop trying, leave the rest pending
 
     async def _finish(self, status: str) -> RunResult:
