@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import secrets
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +48,7 @@ from _common import (
 )
 
 from tests.support import replication
-from tests.support.nodes import RabbitNode, free_ports
+from tests.support.nodes import RabbitNode
 
 HERE = Path(__file__).resolve().parent
 NODES = 3
@@ -76,36 +73,6 @@ class Step:
             return "CPU (the machine is busy)"
         group, cores = max(self.cores.items(), key=lambda kv: kv[1])
         return f"{group} ({cores:.2f} cores)"
-
-
-def start_cluster(base: Path) -> list[RabbitNode]:
-    ports = free_ports(2 * NODES)
-    cookie = secrets.token_hex(20)
-    nodes = [
-        RabbitNode(base / f"rabbit-{p}", p, dist_port=d)
-        for p, d in zip(ports[::2], ports[1::2], strict=True)
-    ]
-    for node in nodes:
-        home = node.dir / "home"
-        home.mkdir(parents=True)
-        (home / ".erlang.cookie").write_text(cookie)
-        (home / ".erlang.cookie").chmod(0o400)
-    try:
-        with ThreadPoolExecutor(NODES) as pool:
-            list(pool.map(RabbitNode.start, nodes))
-        for node in nodes[1:]:
-            replication.join_cluster(node, nodes[0])
-        replication.await_cluster(nodes[0], NODES)
-    except BaseException:
-        stop_cluster(nodes)
-        raise
-    return nodes
-
-
-def stop_cluster(nodes: list[RabbitNode]) -> None:
-    for node in nodes:
-        with contextlib.suppress(Exception):
-            node.cleanup()
 
 
 def cluster_url(nodes: list[RabbitNode], first: int) -> str:
@@ -207,7 +174,7 @@ async def main() -> None:
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="relay-bench-cluster-") as base:
-        nodes = await asyncio.to_thread(start_cluster, Path(base))
+        nodes = await asyncio.to_thread(replication.start_cluster, Path(base), NODES)
         try:
             # The bench's own broker calls (queue depth, namespace removal) go to node 0.
             _common.AMQP_URL = f"amqp://guest:guest@127.0.0.1:{nodes[0].port}/"
@@ -215,7 +182,7 @@ async def main() -> None:
                 await one_step(args, nodes, k) for _ in range(args.rounds) for k in args.consumers
             ]
         finally:
-            await asyncio.to_thread(stop_cluster, nodes)
+            await asyncio.to_thread(replication.stop_cluster, nodes)
     print(
         "consumers | deliveries/s (steady) | machine busy | cores: consumers / rabbitmq / "
         "postgresql / receiver | limit"

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,7 +40,7 @@ from service.settings import Settings
 from tests.support import relay as rs
 from tests.support import replication
 from tests.support.fleet import Facts, drain_settings, eventually, start_drain
-from tests.support.nodes import NodeError, PostgresNode, RabbitNode, free_ports
+from tests.support.nodes import NodeError, PostgresNode, RabbitNode
 from tests.support.relay import RunningPartner
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(300)]
@@ -102,34 +100,11 @@ class Cluster:
 
 
 def _start_cluster(base: Path) -> Cluster:
-    ports = free_ports(2 * SIZE)
-    cookie = secrets.token_hex(20)
-    nodes = [
-        RabbitNode(base / f"rabbit-{p}", p, dist_port=d)
-        for p, d in zip(ports[::2], ports[1::2], strict=True)
-    ]
-    for node in nodes:
-        home = node.dir / "home"
-        home.mkdir(parents=True)
-        (home / ".erlang.cookie").write_text(cookie)
-        (home / ".erlang.cookie").chmod(0o400)
-    cluster = Cluster(nodes)
-    try:
-        with ThreadPoolExecutor(SIZE) as pool:
-            list(pool.map(RabbitNode.start, nodes))
-        for node in nodes[1:]:
-            replication.join_cluster(node, nodes[0])
-        replication.await_cluster(nodes[0], SIZE)
-    except BaseException:
-        _stop(cluster)
-        raise
-    return cluster
+    return Cluster(replication.start_cluster(base, SIZE))
 
 
 def _stop(cluster: Cluster) -> None:
-    for node in cluster.nodes:
-        with contextlib.suppress(Exception):
-            node.cleanup()
+    replication.stop_cluster(cluster.nodes)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ file or a port alone. A step that fails for what may be a passing reason (a peer
 loading its tables, a base backup cut short) is retried once, with the server's log on
 stderr; a second failure raises NodeError with it, and a half-made standby is removed::
 
+    nodes = start_cluster(base, 3)     # three fresh nodes joined into one cluster
     join_cluster(node, seed)           # node joins seed's cluster (same Erlang cookie)
     await_cluster(seed, members=3)     # until seed sees three running nodes
     standby = start_standby(primary)   # a streaming standby on a port of its own
@@ -14,12 +15,15 @@ stderr; a second failure raises NodeError with it, and a half-made standby is re
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.support.nodes import (
@@ -30,6 +34,7 @@ from tests.support.nodes import (
     RabbitNode,
     _ensure_public_dir,
     free_port,
+    free_ports,
 )
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -41,6 +46,40 @@ def _log_tail(log: Path, lines: int = 20) -> str:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
     except OSError as exc:
         return f"({log} unreadable: {exc})"
+
+
+def start_cluster(base: Path, size: int) -> list[RabbitNode]:
+    """``size`` throwaway RabbitMQ nodes under ``base`` (own ports, directories and one
+    shared Erlang cookie), started at once and joined into one cluster; none is left
+    running if that fails."""
+    ports = free_ports(2 * size)
+    cookie = secrets.token_hex(20)
+    nodes = [
+        RabbitNode(base / f"rabbit-{p}", p, dist_port=d)
+        for p, d in zip(ports[::2], ports[1::2], strict=True)
+    ]
+    for node in nodes:
+        home = node.dir / "home"
+        home.mkdir(parents=True)
+        (home / ".erlang.cookie").write_text(cookie)
+        (home / ".erlang.cookie").chmod(0o400)
+    try:
+        with ThreadPoolExecutor(size) as pool:
+            list(pool.map(RabbitNode.start, nodes))
+        for node in nodes[1:]:
+            join_cluster(node, nodes[0])
+        await_cluster(nodes[0], size)
+    except BaseException:
+        stop_cluster(nodes)
+        raise
+    return nodes
+
+
+def stop_cluster(nodes: list[RabbitNode]) -> None:
+    """Stop every node and remove its directory, whatever state each is in."""
+    for node in nodes:
+        with contextlib.suppress(Exception):
+            node.cleanup()
 
 
 def join_cluster(node: RabbitNode, seed: RabbitNode) -> None:
