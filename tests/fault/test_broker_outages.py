@@ -251,7 +251,8 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
     module_rabbit: RabbitNode,
     tmp_path: Path,
 ) -> None:
-    settings = _settings(settings, module_rabbit)
+    # A 4 s answer (below) must never time out, however loaded the machine.
+    settings = _settings(settings, module_rabbit).model_copy(update={"http_timeout_seconds": 15.0})
     # 50 requests at a time, 1 s each: ~20 s of drain, so most of it (and most first
     # requests of the flaky keys) is still ahead when the alarm is on, however long
     # rabbitmqctl takes on a loaded machine (at 0.5 s a drain finished under it first).
@@ -274,6 +275,13 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
             return await _count(pool, "delivered") >= ALARM_ROWS // 20
 
         assert await eventually(under_way, 120), "the drain never got under way"
+        # Slow the rest of the drain (~75 s now) while rabbitmqctl raises the alarm: under
+        # two suites it took longer than the 20 s drain, which then published nothing more
+        # for the broker to block (a block needs a publish: a flaky key's retry).
+        partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=4.0)
+        partner.state.rules["flaky"] = partner_mod.PathRule(
+            status=503, first_n_per_key=1, delay_seconds=4.0
+        )
         await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.0001")
         alarm_on = True
         assert await eventually(_logged(log_path, "broker_blocked"), 30), (
@@ -290,6 +298,10 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
         await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
         alarm_on = False
         assert await eventually(_logged(log_path, "broker_unblocked"), 30), "never unblocked"
+        partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=1.0)
+        partner.state.rules["flaky"] = partner_mod.PathRule(
+            status=503, first_n_per_key=1, delay_seconds=1.0
+        )
 
         async def all_delivered() -> bool:
             return await _count(pool, "delivered") == ALARM_ROWS

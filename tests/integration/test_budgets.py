@@ -6,6 +6,7 @@ import asyncio
 import signal
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -149,15 +150,20 @@ async def test_429_retry_after_pauses_that_provider_for_every_replica_only(
     assert partner.state.logical_events == 600
 
 
-@pytest.mark.timeout(300)  # 20,000 deliveries on a busy 2-core machine
+@pytest.mark.timeout(420)  # 20,000 deliveries on a busy 2-core machine (two suites: 220 s)
 async def test_urgent_delivery_during_a_20000_bulk_drain_overtakes_the_backlog(
-    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, tmp_path: Path
 ) -> None:
     await rs.load(pool, [rs.line(f"b{i}", partner.url("bulk")) for i in range(20000)])
     assert (await rs.relay(settings, "publish", timeout=120)).code == 0
-    consumer = await rs.start_consumer(settings, BUDGETS="webhook=2000/100")
+    log = tmp_path / "consumer.log"
+    consumer = await rs.start_consumer(settings, log, BUDGETS="webhook=2000/100")
     try:
-        await rs.wait_for(lambda: _delivered(pool, 2000), 150, "bulk drain under way")
+        try:
+            await rs.wait_for(lambda: _delivered(pool, 2000), 240, "bulk drain under way")
+        except AssertionError as exc:  # what the ledger and the consumer say, to diagnose
+            tail = log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{exc}: {await rs.states(pool)}\n{tail}") from exc
         async with pool.acquire() as conn, conn.transaction():
             await outbox.add_intent(
                 conn,
