@@ -243,7 +243,7 @@ async def test_rescue_runs_beside_consumers_working_the_rows_they_rescue_all_suc
         for _ in range(30):
             if await all_delivered():
                 break
-            await rs.wait_for(lambda: _quiet(settings), 60, "lanes drained", interval=0.5)
+            await rs.wait_for(lambda: _quiet(settings), 180, "lanes drained", interval=0.5)
             results.append(await rs.relay(settings, "rescue", timeout=180))
         await rs.wait_for(all_delivered, 120, "every rescued row delivered", interval=0.5)
     finally:

@@ -297,8 +297,9 @@ class RabbitNode(_Node):
         """The node's own log (channel exceptions, consumer timeouts, ...)."""
         return self.dir / "log" / f"{self.node_name}.log"
 
-    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+    def ctl(self, *args: str, timeout: float = 120.0) -> str:
         """Run ``rabbitmqctl ARGS`` against this node; return stdout or raise NodeError.
+        (120 s: each call boots an Erlang VM, which took over 60 s under two suites.)
 
         The real CLI (not Debian's wrapper, which switches to the rabbitmq user's cookie)
         with this node's HOME, where its cookie lives.
