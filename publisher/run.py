@@ -9,7 +9,8 @@
 3. Sweep rows still ``pending`` from earlier runs or from the outbox API, page by page.
 4. Rescue: republish rows whose message should have arrived long ago.
 
-Memory holds one batch at a time, however many reminders are due. A crash anywhere
+Memory holds at most three batches (one being admitted, two being published), however
+many reminders are due. A crash anywhere
 leaves rows ``pending`` (or stranded ``queued``) for the next run to publish.
 """
 
