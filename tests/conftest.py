@@ -62,15 +62,20 @@ def _reachable(url: str, default_port: int) -> bool:
 # tests stay on one worker (one node per module, not one per worker).
 _MODULE_SERVERS = {"module_rabbit", "module_cluster"}
 # Where a test lives says roughly how long it takes: the slow ones start first, so no
-# worker is left running a long fault test alone at the end of a parallel run.
+# worker is left running a long test alone at the end of a parallel run. First the fault
+# modules (their groups are the longest units), then the tests known to be slow
+# (tests/support/slow_tests.txt), longest first, then the rest by folder.
 _ORDER = ("tests/fault/", "tests/integration/", "tests/deploy/", "tests/unit/")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
+    slow = heavy.slow_tests()
+
+    def rank(item: pytest.Item) -> tuple[bool, int, int]:
         path = item.nodeid
-        return next((i for i, prefix in enumerate(_ORDER) if path.startswith(prefix)), 0)
+        folder = next((i for i, prefix in enumerate(_ORDER) if path.startswith(prefix)), 0)
+        return not _is_fault(item), -slow.get(path.split("[")[0], 0), folder
 
     items.sort(key=rank)  # stable: file order within each folder
     # Fault modules in one group per CPU (tests/support/heavy.py): whole modules, so a

@@ -49,7 +49,11 @@ pytestmark = [pytest.mark.fault, pytest.mark.timeout(420)]
 
 DRAIN_ROWS = 5000
 ALARM_ROWS = 1000
-ALARM_SECONDS = 60.0
+# The alarm test's heartbeat and confirm timeout, shorter than the defaults (8 s: a 27 s
+# window; 15 s) so that holding the alarm past both takes 30 s, not a minute.
+ALARM_HEARTBEAT_SECONDS = 5  # a window of 3 x (5 + 1) = 18 s
+ALARM_CONFIRM_TIMEOUT_SECONDS = 5.0
+ALARM_SECONDS = 30.0
 LEASE_SECONDS = 600.0
 
 
@@ -251,8 +255,13 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
     module_rabbit: RabbitNode,
     tmp_path: Path,
 ) -> None:
-    # A 4 s answer (below) must never time out, however loaded the machine.
-    settings = _settings(settings, module_rabbit).model_copy(update={"http_timeout_seconds": 15.0})
+    settings = _settings(settings, module_rabbit).model_copy(
+        update={
+            "http_timeout_seconds": 15.0,  # a 4 s answer (below) never times out, however loaded
+            "amqp_heartbeat_seconds": ALARM_HEARTBEAT_SECONDS,
+            "publish_confirm_timeout_seconds": ALARM_CONFIRM_TIMEOUT_SECONDS,
+        }
+    )
     # 50 requests at a time, 1 s each: ~20 s of drain, so most of it (and most first
     # requests of the flaky keys) is still ahead when the alarm is on, however long
     # rabbitmqctl takes on a loaded machine (at 0.5 s a drain finished under it first).
@@ -298,10 +307,9 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
         await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
         alarm_on = False
         assert await eventually(_logged(log_path, "broker_unblocked"), 30), "never unblocked"
-        partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=1.0)
-        partner.state.rules["flaky"] = partner_mod.PathRule(
-            status=503, first_n_per_key=1, delay_seconds=1.0
-        )
+        # Nothing more to watch: the rest of the drain at full speed.
+        partner.state.rules["drain"] = partner_mod.PathRule()
+        partner.state.rules["flaky"] = partner_mod.PathRule(status=503, first_n_per_key=1)
 
         async def all_delivered() -> bool:
             return await _count(pool, "delivered") == ALARM_ROWS

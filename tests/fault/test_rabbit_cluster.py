@@ -331,7 +331,7 @@ async def test_the_ladder_node_killed_with_500_waiting_each_row_is_republished_s
         secret=partner.state.verify_secret,
         state_dir=tmp_path,
         amqp_quorum_group_size=SIZE,
-        overdue_after_seconds=10.0,
+        overdue_after_seconds=5.0,
         overdue_sweep_seconds=1.0,
     )
     topology = amqp.Topology.from_settings(settings)
@@ -348,7 +348,7 @@ async def test_the_ladder_node_killed_with_500_waiting_each_row_is_republished_s
         alive = next(n for n in cluster.nodes if n is not home)
         start = datetime.now(UTC) + timedelta(seconds=25)
         lines = [
-            rs.line(f"r{i}", partner.url(), due_at=start + timedelta(seconds=20 * i / rows))
+            rs.line(f"r{i}", partner.url(), due_at=start + timedelta(seconds=8 * i / rows))
             for i in range(rows)
         ]
         await rs.load(pool, lines)

@@ -26,25 +26,43 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-# Seconds a module took (a fresh clone, 2026-12-02, four workers): only to balance the
+# Seconds a module took (a fresh clone, 2026-12-06, four workers): only to balance the
 # groups; a module not named counts DEFAULT_WEIGHT.
 WEIGHTS = {
-    "tests/fault/test_rabbit_cluster.py": 281,
-    "tests/fault/test_broker_outages.py": 194,
-    "tests/fault/test_database_faults.py": 135,
-    "tests/fault/test_broker_loss.py": 71,
-    "tests/fault/test_channel_faults.py": 59,
-    "tests/fault/test_nodes_smoke.py": 44,
-    "tests/fault/test_failed_session_starts.py": 41,
-    "tests/fault/test_postgres_failover.py": 40,
+    "tests/fault/test_rabbit_cluster.py": 226,
+    "tests/fault/test_broker_outages.py": 184,
+    "tests/fault/test_database_faults.py": 119,
+    "tests/fault/test_channel_faults.py": 85,
+    "tests/fault/test_broker_loss.py": 65,
+    "tests/fault/test_nodes_smoke.py": 42,
+    "tests/fault/test_failed_session_starts.py": 31,
+    "tests/fault/test_postgres_failover.py": 30,
+    "tests/fault/test_consumer_crash.py": 11,
+    "tests/fault/test_reconciliation_crash.py": 9,
 }
-DEFAULT_WEIGHT = 20
+DEFAULT_WEIGHT = 5
+# Seconds the slowest tests outside tests/fault/ took (slow_tests.txt). They start first,
+# longest first (tests/conftest.py), so none is left running alone at the end: in file
+# order, a 104 s test started at 380 s and ended the run 40 s after every other worker.
+# The figures only order the run: a stale one costs time, never a result.
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
 LOCKS = Path(tempfile.gettempdir()) / "relay-test-fault-slots"
 # A worker that wants a slot while others wait lets them go first, for at most this long
 # (then it competes); a waiter touches its mark every poll, a mark older than
 # _FRESH_SECONDS is not a waiter's.
 _DEFER_SECONDS = 10.0
 _FRESH_SECONDS = 5.0
+
+
+def slow_tests(path: Path = SLOW_TESTS) -> dict[str, int]:
+    """Test (module::function, parameters left out) -> seconds, from lines of
+    ``SECONDS NODEID``; ``#`` starts a comment."""
+    found = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            seconds, nodeid = line.split(maxsplit=1)
+            found[nodeid] = int(seconds)
+    return found
 
 
 def slots() -> int:

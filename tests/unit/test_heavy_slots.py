@@ -18,22 +18,38 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_groups_keep_modules_whole_and_put_the_longest_first_onto_the_lightest() -> None:
     modules = [
-        "tests/fault/test_rabbit_cluster.py",  # 281
-        "tests/fault/test_broker_outages.py",  # 194
-        "tests/fault/test_database_faults.py",  # 135
-        "tests/fault/test_broker_loss.py",  # 71
+        "tests/fault/test_rabbit_cluster.py",  # 226
+        "tests/fault/test_broker_outages.py",  # 184
+        "tests/fault/test_database_faults.py",  # 119
+        "tests/fault/test_broker_loss.py",  # 65
         "tests/fault/test_zzz_new.py",  # not weighed: DEFAULT_WEIGHT
         "tests/fault/test_rabbit_cluster.py",  # named twice: still one module
     ]
     chosen = heavy.groups(modules, 2)
     assert chosen == {
-        "tests/fault/test_rabbit_cluster.py": 0,  # 281
-        "tests/fault/test_broker_outages.py": 1,  # 194
-        "tests/fault/test_database_faults.py": 1,  # 329
-        "tests/fault/test_broker_loss.py": 0,  # 352
-        "tests/fault/test_zzz_new.py": 1,  # 349
+        "tests/fault/test_rabbit_cluster.py": 0,  # 226
+        "tests/fault/test_broker_outages.py": 1,  # 184
+        "tests/fault/test_database_faults.py": 1,  # 303
+        "tests/fault/test_broker_loss.py": 0,  # 291
+        "tests/fault/test_zzz_new.py": 0,  # 296
     }
     assert set(heavy.groups(modules, 1).values()) == {0}
+
+
+def test_every_slow_test_named_exists_so_the_order_is_not_silently_stale() -> None:
+    slow = heavy.slow_tests()
+    assert slow, "tests/support/slow_tests.txt names no test"
+    for nodeid, seconds in slow.items():
+        module, function = nodeid.split("::")
+        assert not module.startswith("tests/fault/"), f"{nodeid}: fault modules go by WEIGHTS"
+        assert f"def {function}(" in (REPO / module).read_text(), f"{nodeid} is gone"
+        assert seconds > 0
+
+
+def test_slow_tests_are_read_as_seconds_and_node_ids_comments_left_out(tmp_path: Path) -> None:
+    listing = tmp_path / "slow.txt"
+    listing.write_text("# a comment\n\n 40 tests/a.py::test_x\n7 tests/b.py::test_y\n")
+    assert heavy.slow_tests(listing) == {"tests/a.py::test_x": 40, "tests/b.py::test_y": 7}
 
 
 def test_a_slot_is_waited_for_until_its_holder_lets_go(tmp_path: Path) -> None:
