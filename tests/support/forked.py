@@ -143,6 +143,8 @@ class _Server:
         if self._proc.stdin is not None:
             self._proc.stdin.close()  # the server exits; children it forked live on
         self._proc.wait(30)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()  # else "unclosed file" at every worker's exit
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
