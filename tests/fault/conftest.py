@@ -45,6 +45,17 @@ def module_rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNo
         node.cleanup()
 
 
+@pytest.fixture(autouse=True)
+def _module_rabbit_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails while the module's node is stopped or killed leaves it running for
+    the next test: one failure, not every test after it (one did fail three)."""
+    yield
+    if "module_rabbit" in request.fixturenames:
+        node: RabbitNode = request.getfixturevalue("module_rabbit")
+        if not node.running:
+            node.restart()
+
+
 @pytest.fixture
 def pg(tmp_path: Path) -> Iterator[PostgresNode]:
     """A PostgreSQL cluster of this test's own (its ``postgres`` database)."""
