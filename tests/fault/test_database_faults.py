@@ -1,6 +1,6 @@
 """PostgreSQL restarted, killed, stopped and hung under a running drain (issue 12).
 
-Each test runs a drain of a few thousand webhook deliveries on a PostgreSQL cluster of
+Each test runs a drain of 1,200 webhook deliveries on a PostgreSQL cluster of
 its own (and a module-wide throwaway RabbitMQ): two supervised ``relay consume``
 processes, a ``relay publish`` run every 3 s, an in-process partner that counts one
 logical event per idempotency key. A quarter of the way through, the database fails.
@@ -36,7 +36,7 @@ from tests.support.relay import RunningPartner
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(300)]
 
-ROWS = 2000
+ROWS = 1200
 COMMAND_TIMEOUT = 3.0  # RELAY_DATABASE_COMMAND_TIMEOUT_SECONDS in tests.support.fleet.FAULT_ENV
 
 

@@ -46,7 +46,7 @@ from tests.support.relay import RunningPartner
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(300)]
 
 SIZE = 3
-ROWS = 3000
+ROWS = 2000
 
 
 @dataclass
