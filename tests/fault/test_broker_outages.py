@@ -55,6 +55,7 @@ ALARM_HEARTBEAT_SECONDS = 5  # a window of 3 x (5 + 1) = 18 s
 ALARM_CONFIRM_TIMEOUT_SECONDS = 5.0
 ALARM_SECONDS = 30.0
 LEASE_SECONDS = 600.0
+SLOTS = 50  # requests on the wire at once: destination_max_share of the prefetch (100)
 
 
 def _settings(settings: Settings, rabbit: RabbitNode) -> Settings:
@@ -65,7 +66,7 @@ def _settings(settings: Settings, rabbit: RabbitNode) -> Settings:
             "http_timeout_seconds": 5.0,
             "shutdown_grace_seconds": 10.0,
             "prefetch": 100,
-            "destination_max_share": 0.5,  # 50 requests on the wire at once, 50 wait
+            "destination_max_share": SLOTS / 100,  # 50 requests on the wire at once, 50 wait
             "destination_wait_seconds": 60.0,  # for a slot (not deferred meanwhile)
             "rescue_after_seconds": 3600.0,
         }
@@ -173,6 +174,16 @@ async def _drain_through_a_broker_break(
             return await _count(pool, "delivered") >= 1000
 
         assert await eventually(under_way, 120), "the drain never got under way"
+        # Requests slower than the claims: every slot's request on the wire for 3 s (below
+        # the 5 s HTTP timeout, within the shutdown grace), so the claimed rest of the
+        # prefetch waits for a slot at the break, however loaded the machine. At 0.2 s a
+        # claimer slowed by load had no claim waiting when the connection closed.
+        partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=3.0)
+
+        async def claims_waiting_for_a_slot() -> bool:
+            return await _count(pool, "sending") > SLOTS
+
+        assert await eventually(claims_waiting_for_a_slot, 60), await rs.states(pool)
         await asyncio.to_thread(break_broker)
         assert await eventually(_logged(log_path, "consume_stopping"), 60), "session never ended"
         # The node is still down: what the session held was settled or released at once.
@@ -190,6 +201,7 @@ async def _drain_through_a_broker_break(
         delivered_at_break = await _count(pool, "delivered")
         assert delivered_at_break < DRAIN_ROWS
 
+        partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=0.2)
         await asyncio.to_thread(bring_back)
 
         async def all_delivered() -> bool:
