@@ -212,6 +212,10 @@ async def test_purged_queue_with_deliveries_in_flight_is_recovered_from_the_ledg
         await rs.wait_for(lambda: _some_delivered(pool), 20, "deliveries in flight")
         purged = await _purge(settings)
     assert purged > 0
+    # What the consumer held at the purge (prefetched, or claimed and given back as it
+    # stopped) went back to the queue when it stopped: purged too, so that only the
+    # ledger knows those rows (seen: 7 of 447 back in the queue).
+    purged += await _purge(settings)
     states = await rs.states(pool)
     assert states.get("queued", 0) == purged  # their messages are gone: only the ledger knows
 
