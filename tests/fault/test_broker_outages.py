@@ -48,6 +48,7 @@ from tests.support.relay import RunningPartner
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(420)]
 
 DRAIN_ROWS = 5000
+DRAIN_DELAY_SECONDS = 0.2  # each drain request: 50 on the wire drain ~250/s
 ALARM_ROWS = 1000
 # The alarm test's heartbeat and confirm timeout, shorter than the defaults (8 s: a 27 s
 # window; 15 s) so that holding the alarm past both takes 30 s, not a minute.
@@ -164,7 +165,7 @@ async def _drain_through_a_broker_break(
     bring_back: Callable[[], None],
 ) -> None:
     settings = _settings(settings, rabbit)
-    partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=0.2)
+    partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=DRAIN_DELAY_SECONDS)
     await _prepare(settings, pool, partner, DRAIN_ROWS, "drain")
     health_port = free_port()
     consumer = await rs.start_consumer(settings, log_path, HEALTH_PORT=str(health_port))
@@ -201,7 +202,7 @@ async def _drain_through_a_broker_break(
         delivered_at_break = await _count(pool, "delivered")
         assert delivered_at_break < DRAIN_ROWS
 
-        partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=0.2)
+        partner.state.rules["drain"] = partner_mod.PathRule(delay_seconds=DRAIN_DELAY_SECONDS)
         await asyncio.to_thread(bring_back)
 
         async def all_delivered() -> bool:
