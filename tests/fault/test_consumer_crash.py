@@ -81,6 +81,10 @@ async def test_killed_after_commit_before_ack_is_acked_without_a_second_send(
 async def test_sigterm_finishes_in_flight_deliveries_and_loses_nothing(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
+    # Requests held 1.5 s, so some are on the wire at the SIGTERM; the HTTP timeout (and
+    # the lease, which must exceed it) well past that: at 2 s, requests slowed by a busy
+    # machine timed out and were resent, the same key twice (30 duplicates in one run).
+    settings = settings.model_copy(update={"http_timeout_seconds": 8.0, "lease_seconds": 12.0})
     partner.state.rules["slow"] = partner_mod.PathRule(delay_seconds=1.5)
     await rs.load(pool, [rs.line(f"r{i}", partner.url("slow")) for i in range(40)])
     assert (await rs.relay(settings, "publish")).code == 0
