@@ -4,6 +4,7 @@ its own pid, exit code, stdin, stdout and stderr, environment, and death by a si
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 from pathlib import Path
@@ -50,3 +51,49 @@ async def test_a_forked_consumer_dies_by_sigkill_and_ends_by_sigterm(
     stopped = await rs.start_consumer(settings, tmp_path / "stopped.log")
     await rs.wait_for(lambda: rs.logged(tmp_path / "stopped.log", "consume_started"), 60, "start")
     assert await rs.stop(stopped) == 0
+
+
+def _children_of_the_fork_server() -> set[int]:
+    assert forked._server is not None
+    pid = forked._server._proc.pid
+    return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+async def test_a_spawn_cancelled_at_any_step_leaves_no_process_and_no_open_stream(
+    settings: Settings,
+) -> None:
+    """A publish loop is cancelled wherever it is, once inside ``spawn``: the process it
+    was starting must not run on unheld, nor its status stream wait for a later test's
+    garbage collection to be closed (an "unclosed StreamWriter" failed that test)."""
+    await (await forked.spawn(["--version"], rs.env_for(settings))).wait()  # server up
+    before = _children_of_the_fork_server()
+    cancelled_inside = 0
+    for steps in range(12):  # a cancel after 0, 1, 2, ... turns of the event loop
+        task = asyncio.create_task(
+            forked.spawn(
+                ["consume"],
+                rs.env_for(settings),
+                stdin=forked.PIPE,
+                stdout=forked.PIPE,
+                stderr=forked.PIPE,
+            )
+        )
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            proc = await task
+        except asyncio.CancelledError:
+            cancelled_inside += 1
+            continue
+        proc.kill()
+        await proc.wait()
+        assert proc.stdin is not None
+        proc.stdin.close()
+    assert cancelled_inside >= 3, "no cancel landed inside spawn: the test proves nothing"
+
+    async def none_left() -> bool:
+        return _children_of_the_fork_server() <= before
+
+    await rs.wait_for(none_left, 30, "the cancelled spawns' processes gone")
+    gc.collect()  # an unclosed stream warns here, and the suite turns that into a failure

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import select
 import shutil
@@ -225,16 +226,60 @@ async def spawn(
     finally:
         for fd in theirs:
             os.close(fd)
+    # Once the request is sent the server forks: from here a cancel (a test stopping its
+    # publish loop) must not leave that process running unheld, nor its streams to a later
+    # test's garbage collection ("unclosed StreamWriter", which the suite turns into an
+    # error there). So the start runs to its end, and a cancelled caller ends the process.
+    started = asyncio.ensure_future(_started(conn, ours))
+    try:
+        return await asyncio.shield(started)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            proc = await asyncio.wait_for(started, 30)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            if proc.stdin is not None:
+                proc.stdin.close()
+            await asyncio.wait_for(proc.wait(), 30)
+        raise
+
+
+async def _started(conn: socket.socket, ours: list[int]) -> ForkedProcess:
+    """The process the server forked for the request just sent on ``conn``, with this
+    end of its pipes (``ours``); on any failure nothing of it is left open or running."""
     conn.setblocking(False)
-    status, status_writer = await asyncio.open_unix_connection(sock=conn)
-    line = await status.readline()
-    if not line:
-        raise RuntimeError("the tests' fork server refused a relay process (see its stderr)")
-    return ForkedProcess(
-        int(line),
-        status,
-        status_writer,
-        await _writer(ours[0]) if ours[0] >= 0 else None,
-        await _reader(ours[1]) if ours[1] >= 0 else None,
-        await _reader(ours[2]) if ours[2] >= 0 else None,
-    )
+    status_writer: asyncio.StreamWriter | None = None
+    stdin_writer: asyncio.StreamWriter | None = None
+    pid: int | None = None
+    try:
+        status, status_writer = await asyncio.open_unix_connection(sock=conn)
+        line = await status.readline()
+        if not line:
+            raise RuntimeError("the tests' fork server refused a relay process (see its stderr)")
+        pid = int(line)
+        stdin_writer = await _writer(_take(ours, 0)) if ours[0] >= 0 else None
+        stdout_reader = await _reader(_take(ours, 1)) if ours[1] >= 0 else None
+        stderr_reader = await _reader(_take(ours, 2)) if ours[2] >= 0 else None
+    except BaseException:
+        for writer in (status_writer, stdin_writer):
+            if writer is not None:
+                writer.close()
+        conn.close()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)  # its stdout and stderr pipes then close at EOF
+        _close_fds(ours)
+        raise
+    return ForkedProcess(pid, status, status_writer, stdin_writer, stdout_reader, stderr_reader)
+
+
+def _take(fds: list[int], index: int) -> int:
+    """``fds[index]``, handed to a transport (which closes it): no longer ours to close."""
+    fd, fds[index] = fds[index], -1
+    return fd
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
