@@ -247,7 +247,12 @@ def settings(db_name: str, namespace: str, tmp_path: object) -> Settings:
 
 @pytest.fixture
 async def pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
-    p = await db.create_pool(settings, size=4)
+    """The test's own view of its database. Its statements get 60 s, not the relay's 10:
+    a test watching a drain must not fail because two suites at once slowed a count (one
+    over 20,000 rows being published took longer than 10 s in such a pair)."""
+    p = await db.create_pool(
+        settings.model_copy(update={"database_command_timeout_seconds": 60.0}), size=4
+    )
     yield p
     await p.close()
 

@@ -39,7 +39,7 @@ async def test_broker_killed_during_a_publish_run_leaves_the_rest_pending_for_th
     async def some_queued() -> bool:
         return await _count(pool, "queued") >= 1000
 
-    await rs.wait_for(some_queued, 60, "publishing under way", interval=0.02)
+    await rs.wait_for(some_queued, 60, "publishing under way", interval=0.1)
     await asyncio.to_thread(rabbit.kill)
     failed = await run
     assert failed.code != 0, failed.stdout
