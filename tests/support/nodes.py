@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -95,16 +96,36 @@ def _is_float(text: str) -> bool:
     return True
 
 
+def _ports_to_choose_from() -> range:
+    """Ports below the kernel's ephemeral range. One the kernel hands out (for a bind to
+    port 0, or as an outgoing connection's own port) could be taken by any process while
+    the node that owns it is down between a kill and its restart: a cluster node's restart
+    found its port taken so. Below that range only ``free_ports`` hands ports out."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(20000, 32000) if low < 12288 else range(low - 12000, low)
+
+
+_choose = random.SystemRandom()  # not the global generator, which tests may seed
+
+
 def _unbound_ports(count: int, *, avoid: set[int]) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        ports: list[int] = []
-        while len(ports) < count:
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-            if port not in avoid:  # else keep it bound, so the next bind picks another
-                ports.append(port)
-        return ports
+    """``count`` ports that nothing has bound on 127.0.0.1 now, none in ``avoid``."""
+    candidates = _ports_to_choose_from()
+    ports: list[int] = []
+    while len(ports) < count:
+        port = _choose.choice(candidates)
+        if port in avoid or port in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # bound by something else
+        ports.append(port)
+    return ports
 
 
 def accepts_tcp(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
