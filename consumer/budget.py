@@ -99,7 +99,20 @@ def max_grants(capacity: float, rate_per_second: float, interval_seconds: float)
     return math.floor(Fraction(capacity) + Fraction(rate_per_second) * Fraction(interval_seconds))
 
 
-def plan_bucket(spec: BudgetSpec, *, max_spend_deadline_seconds: float = 0.1) -> BucketPlan:
+def deadline_cap(rate_per_second: float) -> Fraction:
+    """The longest spend deadline a budget gets: 0.1 s, or one token's time (``1 / rate``)
+    up to 1 s for a budget slower than 10 per second.
+
+    ``D`` is also how long a throttle pause set by another replica can take to be obeyed,
+    hence a cap. But a token dropped because its lease came back late costs ``1 / rate``
+    seconds of sending: at one token every 12 s, a 0.1 s deadline missed once on a loaded
+    machine made every waiting send 12 s late. Up to one token's time, a late pause lets
+    through at most the tokens already leased, as at any rate.
+    """
+    return max(Fraction(1, 10), min(Fraction(1), 1 / Fraction(rate_per_second)))
+
+
+def plan_bucket(spec: BudgetSpec) -> BucketPlan:
     """Choose capacity ``c`` and spend deadline ``D`` with
     ``floor(c + rate * (1 + D)) <= floor(rate + burst)``.
 
@@ -107,8 +120,7 @@ def plan_bucket(spec: BudgetSpec, *, max_spend_deadline_seconds: float = 0.1) ->
     a hundredth of a token against rounding), is shared between the two: ``c`` lets
     replicas that lease late (a polling gap) lose no tokens, ``D`` lets a slow lease round
     trip or a busy event loop still spend what was granted. Half each, ``c`` a whole
-    number where it can be; ``D`` at most ``max_spend_deadline_seconds`` (also how long a
-    throttle pause set by another replica can take to be obeyed), any room beyond that
+    number where it can be; ``D`` at most ``deadline_cap(rate)``, any room beyond that
     going to ``c``. A small burst at a high rate leaves a short ``D``: the promise still
     holds, but leases slower than ``D`` waste their tokens (docs/channels.md).
     Computed exactly; the float deadline is rounded down.
@@ -119,7 +131,7 @@ def plan_bucket(spec: BudgetSpec, *, max_spend_deadline_seconds: float = 0.1) ->
     slack = room + 1 - margin  # tokens for c + rate * D
     capacity = min(burst, max(Fraction(1), Fraction(math.floor(slack / 2 + Fraction(1, 2)))))
     deadline = (slack - capacity) / rate
-    cap = Fraction(max_spend_deadline_seconds)
+    cap = deadline_cap(spec.rate_per_second)
     if deadline > cap:
         deadline = cap
         capacity = max(capacity, min(burst, Fraction(math.floor(slack - rate * deadline))))

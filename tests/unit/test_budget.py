@@ -38,7 +38,7 @@ def test_every_plan_keeps_any_one_second_within_rate_plus_burst(rate: float, bur
     assert _exact_window_bound(spec, plan) <= math.floor(Fraction(rate) + Fraction(burst))
     assert budget.window_limit(spec) <= math.floor(Fraction(rate) + Fraction(burst))
     assert 1.0 <= plan.capacity <= burst
-    assert 0 < plan.spend_deadline_seconds <= 0.1
+    assert 0 < plan.spend_deadline_seconds <= budget.deadline_cap(rate) <= 1
 
 
 @given(rates, bursts)
@@ -52,7 +52,8 @@ def test_the_room_above_the_rate_is_shared_and_none_is_wasted(rate: float, burst
     more_deadline = budget.BucketPlan(plan.capacity, plan.spend_deadline_seconds + 1.02 / rate)
     limit = budget.window_limit(spec)
     assert plan.capacity + 1.02 > burst or _exact_window_bound(spec, more_capacity) > limit
-    assert plan.spend_deadline_seconds == 0.1 or _exact_window_bound(spec, more_deadline) > limit
+    at_cap = Fraction(plan.spend_deadline_seconds) == budget.deadline_cap(rate)
+    assert at_cap or _exact_window_bound(spec, more_deadline) > limit
 
 
 @pytest.mark.parametrize(
@@ -63,8 +64,10 @@ def test_the_room_above_the_rate_is_shared_and_none_is_wasted(rate: float, burst
         (2000, 100, 50, 25.5),
         (40, 2, 1, 49.75),
         (10, 1, 1, 99.0),  # email's default burst max(1, rate / 10)
-        (1, 1, 1, 100.0),  # the deadline's cap
-        (1, 100, 100, 100.0),  # room beyond the capped deadline goes to the capacity
+        (20, 10, 8, 100.0),  # the deadline's cap: 0.1 s at 10 per second and more
+        (1, 1, 1, 990.0),  # below that, up to one token's time ...
+        (1 / 12, 1, 1, 1000.0),  # ... and at most 1 s
+        (1, 100, 99, 1000.0),  # room beyond the capped deadline goes to the capacity
         (100_000, 10_000, 5000, 50.0),
     ],
 )
