@@ -27,7 +27,12 @@ DOCKERIGNORE = REPO / ".dockerignore"
 COMPOSE = REPO / "docker-compose.yml"
 CONSTRAINTS = DEPLOY / "constraints.txt"
 ALERTS = DEPLOY / "observability" / "alerts.yaml"
-ALERT_TESTS = DEPLOY / "observability" / "alerts.test.yaml"
+# promtool unit tests of alerts.yaml: most evaluated every minute, those spanning days
+# every 10 minutes (each file has one evaluation interval).
+ALERT_TESTS = (
+    DEPLOY / "observability" / "alerts.test.yaml",
+    DEPLOY / "observability" / "alerts.days.test.yaml",
+)
 
 # Every kustomization that must build; the first three are what an operator applies.
 KUSTOMIZATIONS = ["base", "overlays/example", "overlays/example/replay", "replay"]
@@ -72,8 +77,8 @@ def alert_rules() -> tuple[Obj, ...]:
 
 @cache
 def alert_test_cases() -> tuple[Obj, ...]:
-    """The promtool unit test cases of deploy/observability/alerts.test.yaml."""
-    return tuple(load_docs(ALERT_TESTS)[0]["tests"])
+    """The promtool unit test cases of every file in ``ALERT_TESTS``."""
+    return tuple(case for path in ALERT_TESTS for case in load_docs(path)[0]["tests"])
 
 
 def parse_relay_args(argv: list[str], where: str) -> Any:

@@ -2,7 +2,7 @@
 deploy/observability/alerts.yaml links to its own section of docs/operations.md (what it
 means, the first three commands to run), the commands are real (``relay`` lines parse with the
 real command line, ``kubectl`` lines name the namespace, objects and labels the manifests
-create), and alerts.test.yaml has a case in which the alert fires and one in which it stays
+create), and alerts*.test.yaml have a case in which the alert fires and one in which it stays
 silent while reading its metrics. A new alert without all of these fails here."""
 
 from __future__ import annotations

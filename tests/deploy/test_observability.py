@@ -165,7 +165,7 @@ def test_alert_rules_are_valid() -> None:
 
 
 def test_alert_rules_pass_their_unit_tests() -> None:
-    result = run_promtool("test", "rules", str(ALERT_TESTS))
+    result = run_promtool("test", "rules", *map(str, ALERT_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
