@@ -2,10 +2,12 @@
 stays up (issue 12, "a closed consumer or publisher channel is noticed").
 
 Each test runs a drain (two supervised ``relay consume`` processes, a ``relay publish``
-run every 3 s) on a RabbitMQ node and a PostgreSQL cluster of its own. The consumer whose
-channel the server closed or whose consumer it cancelled must notice, hand its messages
-back and connect again in the same process (issue 19: a broker failure costs a reconnect,
-not a restart); nothing is lost and the partner sees one logical event per key.
+run every 3 s) on a PostgreSQL cluster of its own and the module's RabbitMQ node, in a
+namespace of its own (one node boot, ~5 CPU-s, for the module instead of one per test).
+The consumer whose channel the server closed or whose consumer it cancelled must notice,
+hand its messages back and connect again in the same process (issue 19: a broker failure
+costs a reconnect, not a restart); nothing is lost and the partner sees one logical event
+per key.
 
 How the server is made to close exactly one consumer's channel (RabbitMQ 3.10): the
 ``consumer_timeout`` is read when a channel opens, and checked on every channel tick.
@@ -73,8 +75,9 @@ def _server_closed_channels(rabbit: RabbitNode) -> list[float]:
 
 
 async def test_consumer_channel_closed_by_the_server_is_noticed_and_nothing_is_lost(
-    pg: PostgresNode, rabbit: RabbitNode, partner: RunningPartner, tmp_path: Path
+    pg: PostgresNode, module_rabbit: RabbitNode, partner: RunningPartner, tmp_path: Path
 ) -> None:
+    rabbit = module_rabbit
     assert partner.state.verify_secret is not None
     settings = drain_settings(
         database_url=pg.url,
@@ -156,7 +159,7 @@ async def test_consumer_channel_closed_by_the_server_is_noticed_and_nothing_is_l
 
 
 async def test_consumer_cancelled_because_its_queue_was_deleted_exits_and_rescue_refills(
-    pg: PostgresNode, rabbit: RabbitNode, partner: RunningPartner, tmp_path: Path
+    pg: PostgresNode, module_rabbit: RabbitNode, partner: RunningPartner, tmp_path: Path
 ) -> None:
     """The bulk lane's queue deleted (AMQP ``queue.delete``, as ``rabbitmqctl delete_queue``
     does it): the broker cancels both consumers
@@ -164,6 +167,7 @@ async def test_consumer_cancelled_because_its_queue_was_deleted_exits_and_rescue
     Each consumer ends its session and connects again in the same process, declaring the
     queue again (as does the publish run); the publish loop's rescue republishes the rows
     whose messages were deleted."""
+    rabbit = module_rabbit
     rescue_after = 15.0
     assert partner.state.verify_secret is not None
     settings = drain_settings(
