@@ -208,6 +208,13 @@ def namespace(servers_up: None) -> Iterator[str]:
         async with connection:
             channel = await connection.channel()
             topology = amqp.Topology.from_settings(Settings(amqp_namespace=ns))
+            # The work exchange is declared first (amqp.declare): without it, nothing of
+            # this namespace was. Most tests never declare one, and deleting the ~40 names
+            # of both tier sets cost the shared broker ~40 ms of CPU per test.
+            try:
+                await channel.declare_exchange(topology.work_exchange, passive=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                return
             for tiers in (topology.delay_tiers_seconds, (0.5, 1.0, 2.0, 5.0)):
                 await amqp.delete_topology(
                     channel, amqp.Topology(ns, tuple(tiers), topology.delivery_limit)
