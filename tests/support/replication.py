@@ -1,10 +1,11 @@
 """Servers made of several throwaway nodes: a RabbitMQ cluster and a PostgreSQL standby.
 
-Each step waits on a fact the server states once it holds (``rabbitmqctl await_startup``
-and ``await_online_nodes``; ``pg_stat_wal_receiver`` saying ``streaming``), never on a
-file or a port alone. A step that fails for what may be a passing reason (a peer still
-loading its tables, a base backup cut short) is retried once, with the server's log on
-stderr; a second failure raises NodeError with it, and a half-made standby is removed::
+Each step waits on a fact the server states once it holds (``rabbit:start()`` returning
+in a node's join, ``rabbitmqctl await_online_nodes``; ``pg_stat_wal_receiver`` saying
+``streaming``), never on a file or a port alone. A step that fails for what may be a
+passing reason (a peer still loading its tables, a base backup cut short) is retried once,
+with the server's log on stderr; a second failure raises NodeError with it, and a
+half-made standby is removed::
 
     nodes = start_cluster(base, 3)     # three fresh nodes joined into one cluster
     join_cluster(node, seed)           # node joins seed's cluster (same Erlang cookie)
@@ -86,13 +87,18 @@ def join_cluster(node: RabbitNode, seed: RabbitNode) -> None:
     """Make ``node`` a member of ``seed``'s cluster; return once its rabbit application
     runs again (``await_startup``). The two must share an Erlang cookie."""
     for attempt in (1, 2):
+        # What `rabbitmqctl stop_app`, (`reset`,) `join_cluster` and `start_app` call, in
+        # one `rabbitmqctl eval`: each CLI run boots an Erlang VM of its own (~0.7 CPU-s).
+        # rabbit:start() returns once the application runs (what await_startup waits for).
+        reset = "ok = rabbit_mnesia:reset(), " if attempt == 2 else ""  # a failed join's
+        steps = (
+            f"ok = rabbit:stop(), {reset}"
+            f"ok = case rabbit_mnesia:join_cluster('{seed.node_name}', disc) of "
+            "ok -> ok; {ok, already_member} -> ok; Other -> Other end, "
+            "ok = rabbit:start()."
+        )
         try:
-            node.ctl("stop_app", timeout=START_TIMEOUT)
-            if attempt == 2:
-                node.ctl("reset", timeout=START_TIMEOUT)  # whatever the failed join left
-            node.ctl("join_cluster", seed.node_name, timeout=START_TIMEOUT)
-            node.ctl("start_app", timeout=START_TIMEOUT)
-            node.ctl("await_startup", timeout=START_TIMEOUT)
+            node.ctl("eval", steps, timeout=START_TIMEOUT)
             return
         except NodeError as exc:
             failure = (
