@@ -155,7 +155,8 @@ async def test_killing_the_work_queue_leader_during_a_drain_loses_nothing(
             return now is not None and now is not leader
 
         facts = Facts(fleet)
-        facts.check(await eventually(new_leader, 30), f"{queue} got no new leader")
+        # Each look is a rabbitmqctl run, an Erlang VM of its own (~0.7 CPU-s): once a second.
+        facts.check(await eventually(new_leader, 30, interval=1.0), f"{queue} got no new leader")
         await fleet.expect_all_delivered(facts, within=settings.lease_seconds + 30, since=killed)
         facts.check(
             not fleet.unrequested_exits(),
