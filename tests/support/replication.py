@@ -85,12 +85,13 @@ def stop_cluster(nodes: list[RabbitNode]) -> None:
 
 def join_cluster(node: RabbitNode, seed: RabbitNode) -> None:
     """Make ``node`` a member of ``seed``'s cluster; return once its rabbit application
-    runs again (``await_startup``). The two must share an Erlang cookie."""
+    runs again (``rabbit:start()`` returned). The two must share an Erlang cookie."""
     for attempt in (1, 2):
         # What `rabbitmqctl stop_app`, (`reset`,) `join_cluster` and `start_app` call, in
         # one `rabbitmqctl eval`: each CLI run boots an Erlang VM of its own (~0.7 CPU-s).
         # rabbit:start() returns once the application runs (what await_startup waits for).
-        reset = "ok = rabbit_mnesia:reset(), " if attempt == 2 else ""  # a failed join's
+        # The retry first resets whatever the failed join left.
+        reset = "ok = rabbit_mnesia:reset(), " if attempt == 2 else ""
         steps = (
             f"ok = rabbit:stop(), {reset}"
             f"ok = case rabbit_mnesia:join_cluster('{seed.node_name}', disc) of "
