@@ -67,7 +67,9 @@ def _percentile(values: list[float], share: float) -> float:
     return values[min(len(values) - 1, int(len(values) * share))]
 
 
-async def _cron(env: BenchEnv, stop: asyncio.Event, rng: random.Random, nice: int = 0) -> list[str]:
+async def _cron(
+    env: BenchEnv, stop: asyncio.Event, rng: random.Random, first_due: datetime, nice: int = 0
+) -> list[str]:
     """``relay publish`` every 60 s from now, each start 0-5 s late, until ``stop``; with
     ``nice`` > 0 at a lower CPU priority than the consumer (as separate pods with their own
     CPU would be: on this 2-core machine the run competes with the consumer it feeds)."""
@@ -76,11 +78,13 @@ async def _cron(env: BenchEnv, stop: asyncio.Event, rng: random.Random, nice: in
     tick = time.monotonic()
     while not stop.is_set():
         await asyncio.sleep(max(0.0, tick - time.monotonic()) + rng.uniform(0, 5))
+        started = (datetime.now(UTC) - first_due).total_seconds()
         result = await asyncio.to_thread(
             run_measured, command, env.env(), env.scratch, f"publish{len(runs)}"
         )
         check(result, "relay publish")
-        runs.append(f"{result.stdout.strip()} ({result.wall_seconds:.1f} s)")
+        took = f"{result.wall_seconds:.1f} s from {started:+.1f} s after the first due time"
+        runs.append(f"{result.stdout.strip()} ({took})")
         tick += 60.0
         try:
             await asyncio.wait_for(stop.wait(), max(0.0, tick - time.monotonic()))
@@ -89,10 +93,21 @@ async def _cron(env: BenchEnv, stop: asyncio.Event, rng: random.Random, nice: in
     return runs
 
 
+def _by_due_time(rows: list[asyncpg.Record], width: float = 5.0) -> None:
+    """Where in the steady minute the lateness is: the max per ``width`` seconds of due time."""
+    start = min(r["occurrence_at"] for r in rows)
+    worst: dict[int, float] = {}
+    for r in rows:
+        bucket = int((r["occurrence_at"] - start).total_seconds() // width)
+        worst[bucket] = max(worst.get(bucket, 0.0), r["late"])
+    cells = " ".join(f"{worst[b]:.1f}" for b in sorted(worst))
+    print(f"   steady max lateness per {width:.0f} s of due time: {cells}")
+
+
 async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
     rows = await pool.fetch(
         "SELECT reminder_id, extract(epoch FROM finished_at - occurrence_at)::float8 AS late,"
-        " finished_at FROM deliveries WHERE state = 'delivered'"
+        " finished_at, occurrence_at FROM deliveries WHERE state = 'delivered'"
     )
     steady_late = sorted(r["late"] for r in rows if r["reminder_id"].startswith("steady"))
     spike_rows = [r for r in rows if r["reminder_id"].startswith("spike")]
@@ -105,6 +120,7 @@ async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
             f"steady ({len(steady_late)} of {steady}): p50 {p50:.3f} s, p95 {p95:.3f} s, "
             f"p99 {p99:.3f} s, max {steady_late[-1]:.3f} s (p50 <= 0.5, p99 <= 2: {verdict})"
         )
+        _by_due_time([r for r in rows if r["reminder_id"].startswith("steady")])
     if spike_rows:
         a, b = spike_rows[len(spike_rows) // 10], spike_rows[len(spike_rows) * 9 // 10]
         span = max((b["finished_at"] - a["finished_at"]).total_seconds(), 1e-6)
@@ -148,7 +164,7 @@ async def main() -> None:
             print(f"   loaded in {loaded.wall_seconds:.1f} s; first due in {lead:.1f} s")
             consumer = _spawn([*RELAY, "consume"], env.env(), env.scratch / "consumer.log")
             rng = random.Random(args.seed)
-            cron = asyncio.create_task(_cron(env, stop, rng, args.publisher_nice))
+            cron = asyncio.create_task(_cron(env, stop, rng, first_due, args.publisher_nice))
             pool = await asyncpg.create_pool(env.database_url, min_size=1, max_size=2)
             total = args.steady + args.spike
             deadline = time.monotonic() + STEADY_SECONDS + SPIKE_AFTER_SECONDS + 240
