@@ -215,6 +215,7 @@ def store_for(
         watch,
         lease_seconds=settings.lease_seconds,
         batch_max=settings.write_batch_max,
+        linger_seconds=settings.write_batch_linger_seconds,
         # Few concurrent flushes make each one bigger: fewer round trips.
         concurrency=max(1, min(2, settings.database_pool_size - 2)),
         stopping=stopping,

@@ -53,13 +53,18 @@ class Store:
         batch_max: int,
         concurrency: int,
         stopping: asyncio.Event,
+        linger_seconds: float = 0.0,
     ) -> None:
         self._pool = pool
         self._watch = watch
         self._lease_seconds = lease_seconds
         self._stopping = stopping
+        # Claims and outcomes come once per delivery: at a trickle they linger for company.
         self._claims: Batcher[int, ClaimResult] = Batcher(
-            self._claim_batch, max_size=batch_max, max_concurrent=concurrency
+            self._claim_batch,
+            max_size=batch_max,
+            max_concurrent=concurrency,
+            linger_seconds=linger_seconds,
         )
         self._checks: Batcher[tuple[int, int], LastCheck | None] = Batcher(
             self._check_batch, max_size=batch_max, max_concurrent=concurrency
@@ -68,7 +73,10 @@ class Store:
             self._undo_batch, max_size=batch_max, max_concurrent=concurrency
         )
         self._completions: Batcher[Completion, bool] = Batcher(
-            self._complete_batch, max_size=batch_max, max_concurrent=concurrency
+            self._complete_batch,
+            max_size=batch_max,
+            max_concurrent=concurrency,
+            linger_seconds=linger_seconds,
         )
 
     def start(self) -> None:

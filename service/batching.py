@@ -9,6 +9,11 @@ One bad item must not fail its neighbours: when a group fails, each of its items
 again on its own, so only the item that really fails sees the error. An ``Abandoned``
 error (the process is stopping, a server stays unreachable) is not the items' fault and
 fails the whole group at once.
+
+A ``linger`` makes a batch that is not full wait that long for company before it goes:
+at a trickle (deliveries falling due one by one, 1,000 a second) every claim and outcome
+would otherwise be a round trip of its own, and the consumer spent twice the CPU per
+delivery that it does in a drain (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ class Batcher(Generic[T, R]):
         *,
         max_size: int,
         max_concurrent: int,
+        linger_seconds: float = 0.0,
     ) -> None:
         self._flush = flush
         self._max_size = max_size
+        self._linger = linger_seconds
         self._slots = asyncio.Semaphore(max_concurrent)
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._wakeup = asyncio.Event()
@@ -68,6 +75,8 @@ class Batcher(Generic[T, R]):
             # Wait for a free slot first: while every slot is busy, the batch keeps growing.
             await self._slots.acquire()
             await asyncio.sleep(0)  # let submitters woken in this tick join the batch
+            if self._linger and len(self._pending) < self._max_size:
+                await asyncio.sleep(self._linger)  # a trickle: wait for company
             batch = self._pending[: self._max_size]
             del self._pending[: self._max_size]
             if not self._pending:

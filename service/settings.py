@@ -193,6 +193,13 @@ class Settings(
     write_batch_max: int = Field(
         default=200, ge=1, le=5000, description="Most claims/outcomes grouped in one transaction."
     )
+    write_batch_linger_seconds: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="How long a claim or an outcome write that is not part of a full batch "
+        "waits for others to share its statement (s); 0: never waits.",
+    )
     liveness_stall_seconds: float = Field(
         default=120.0,
         gt=0,

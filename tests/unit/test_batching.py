@@ -144,3 +144,43 @@ async def test_close_during_the_one_by_one_fallback_fails_the_rest_as_abandoned(
     done, pending = await asyncio.wait(tasks, timeout=2)
     assert not pending, "submitters left waiting forever after close()"
     assert all(isinstance(t.exception(), Abandoned) for t in done)
+
+
+async def _one_at_a_time(batcher: Batcher[int, str], items: list[int]) -> list[object]:
+    """Submit one after another, 10 ms apart (deliveries falling due one by one)."""
+    tasks = []
+    for i in items:
+        tasks.append(asyncio.create_task(batcher.submit(i)))
+        await asyncio.sleep(0.01)
+    return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+
+
+async def test_without_a_linger_items_submitted_apart_are_flushed_apart() -> None:
+    flush = Recorder()
+    batcher = await _started(flush)
+    assert await _one_at_a_time(batcher, [1, 2, 3]) == ["done 1", "done 2", "done 3"]
+    assert flush.groups == [[1], [2], [3]]
+    await batcher.close(1)
+
+
+async def test_a_linger_groups_items_submitted_apart_up_to_the_batch_size() -> None:
+    flush = Recorder()
+    # The linger is far longer than the submissions take, so the grouping is a fact.
+    batcher: Batcher[int, str] = Batcher(flush, max_size=3, max_concurrent=1, linger_seconds=2.0)
+    batcher.start()
+    results = await _one_at_a_time(batcher, [1, 2, 3])
+    assert results == ["done 1", "done 2", "done 3"]
+    assert flush.groups == [[1, 2, 3]]
+    await batcher.close(1)
+
+
+async def test_a_full_batch_does_not_linger() -> None:
+    flush = Recorder()
+    batcher: Batcher[int, str] = Batcher(flush, max_size=2, max_concurrent=1, linger_seconds=30.0)
+    batcher.start()
+    # Submitted in one tick, the batch is full at once: it goes without waiting 30 s
+    # (the gather's 5 s deadline would fail the test otherwise).
+    results = await _submit_all(batcher, [1, 2])
+    assert results == ["done 1", "done 2"]
+    assert flush.groups == [[1, 2]]
+    await batcher.close(1)
