@@ -64,10 +64,6 @@ class Topology:
         return f"{self.namespace}.delay"
 
     @property
-    def timer_entrance(self) -> str:
-        return timer.entrance(self.namespace)
-
-    @property
     def timer_queues(self) -> list[str]:
         return timer.queues(self.namespace)
 

@@ -114,8 +114,8 @@ class ConfirmedPublisher:
                 await self._send(self._topology.work_exchange, lane, body, headers)
                 return
             try:
-                ladder = {**headers, **timer.headers_for(remaining)}
-                await self._send(self._topology.timer_entrance, lane, body, ladder)
+                entrance, routing = timer.route(self._topology.namespace, remaining)
+                await self._send(entrance, lane, body, {**headers, **routing})
                 return
             except errors.PublishError as exc:
                 if not isinstance(exc.__cause__, aiormq.exceptions.PublishError):

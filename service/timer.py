@@ -10,10 +10,15 @@ wait the ladder holds (109 min) exceeds the longest look-ahead the settings allo
 Routing is by headers: exchange ``<ns>.timer.<ms>ms`` decides its level (header
 ``relay-timer-<ms>ms``: "1" into that level's queue, "0" on to the next lower level's
 exchange; below the lowest is ``<ns>.work``), and each level's queue dead-letters to the
-next lower level's exchange. Every message of one queue waits the same time, so each
-leaves exactly its TTL after it entered, whatever is ahead of it: no delivery is ever held
-back by one due later. (One queue with per-message TTLs expires only its head, so a long
-wait at the head held back every shorter one published behind it.)
+next lower level's exchange. A delivery enters at the exchange of its wait's highest
+1-bit and carries headers for that level and those below only: the levels above would
+only pass it on, each a routing step that matches its headers (~15 % of the broker's CPU
+per ladder message, ``docs/decisions.md``), and the consumer decodes every header.
+
+Every message of one queue waits the same time, so each leaves exactly its TTL after it
+entered, whatever is ahead of it: no delivery is ever held back by one due later. (One
+queue with per-message TTLs expires only its head, so a long wait at the head held back
+every shorter one published behind it.)
 
 A classic queue lives on one node: while that node is down a publish routed to one of its
 levels comes back unroutable (the caller then uses the delay tiers), and a message passing
@@ -47,11 +52,6 @@ def level_name(namespace: str, level: int) -> str:
     return f"{namespace}.timer.{level_ms(level)}ms"
 
 
-def entrance(namespace: str) -> str:
-    """The exchange a delivery enters the ladder by: the one deciding the top level."""
-    return level_name(namespace, LEVELS - 1)
-
-
 def queues(namespace: str) -> list[str]:
     """Every level's queue, shortest first."""
     return [level_name(namespace, level) for level in range(LEVELS)]
@@ -70,13 +70,16 @@ def units_for(remaining_seconds: float) -> int:
     return max(1, min(units, (1 << LEVELS) - 1))
 
 
-def headers_for(remaining_seconds: float) -> dict[str, str]:
-    """The routing headers of a delivery due in ``remaining_seconds``: one per level."""
+def route(namespace: str, remaining_seconds: float) -> tuple[str, dict[str, str]]:
+    """Where a delivery due in ``remaining_seconds`` enters the ladder (the exchange of its
+    wait's highest 1-bit), and its routing headers: one per level from there down."""
     units = units_for(remaining_seconds)
-    return {
+    top = units.bit_length() - 1
+    headers = {
         _HEADER.format(ms=level_ms(level)): "1" if units >> level & 1 else "0"
-        for level in range(LEVELS)
+        for level in range(top + 1)
     }
+    return level_name(namespace, top), headers
 
 
 async def declare(channel: AbstractChannel, namespace: str, work: AbstractExchange) -> None:
