@@ -109,7 +109,8 @@ async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
         "SELECT reminder_id, extract(epoch FROM finished_at - occurrence_at)::float8 AS late,"
         " finished_at, occurrence_at FROM deliveries WHERE state = 'delivered'"
     )
-    steady_late = sorted(r["late"] for r in rows if r["reminder_id"].startswith("steady"))
+    steady_rows = [r for r in rows if r["reminder_id"].startswith("steady")]
+    steady_late = sorted(r["late"] for r in steady_rows)
     spike_rows = [r for r in rows if r["reminder_id"].startswith("spike")]
     spike_rows.sort(key=lambda r: r["finished_at"])
     if steady_late:
@@ -120,7 +121,7 @@ async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
             f"steady ({len(steady_late)} of {steady}): p50 {p50:.3f} s, p95 {p95:.3f} s, "
             f"p99 {p99:.3f} s, max {steady_late[-1]:.3f} s (p50 <= 0.5, p99 <= 2: {verdict})"
         )
-        _by_due_time([r for r in rows if r["reminder_id"].startswith("steady")])
+        _by_due_time(steady_rows)
     if spike_rows:
         a, b = spike_rows[len(spike_rows) // 10], spike_rows[len(spike_rows) * 9 // 10]
         span = max((b["finished_at"] - a["finished_at"]).total_seconds(), 1e-6)
