@@ -157,8 +157,8 @@ async def _open(
     """Everything up to consuming, each part on ``stack`` as soon as it is open."""
     settings, metrics = shared.settings, shared.metrics
     connection, publisher = await _open_broker(stack, settings, failure, closing)
-    blocked = alarms.watch(connection)
-    publisher.blocked = blocked  # an alarm is not a confirm timeout
+    blocked = publisher.blocked  # an alarm is not a confirm timeout (open_publisher)
+    assert blocked is not None
     watch = DatabaseWatch(
         shared.pool,
         outage_max_seconds=settings.database_outage_max_seconds,
@@ -280,7 +280,10 @@ async def _open_broker(
     stack: contextlib.AsyncExitStack, settings: Settings, failure: Failure, closing: Closing
 ) -> tuple[AbstractConnection, publishing.ConfirmedPublisher]:
     """Connect, declare the topology, open the publisher; their loss is a failure."""
-    connection, publisher = await publishing.open_publisher(settings, "relay-consume")
+    # announce_alarms=False: _alarm logs each block itself, and pauses intake.
+    connection, publisher = await publishing.open_publisher(
+        settings, "relay-consume", announce_alarms=False
+    )
     stack.push_async_callback(
         closing.within, lambda: amqp.close_connection(connection, closing.seconds())
     )

@@ -99,6 +99,9 @@ class PublishRun:
         self._count_waiting = count_waiting
         self._broker_unreachable = broker_error is not None
         self.counts = RunCounts()
+        # Rows this run could not publish, each once: the pending sweep tries again rows
+        # whose publish failed during admission, and a second failure is the same row.
+        self._left_pending: set[int] = set()
         self.run_id = 0
         self._paused: list[tuple[datetime, datetime]] = []  # windows admission was paused
 
@@ -232,7 +235,7 @@ class PublishRun:
         progress.finish()
         await recovery.mark_rescued(self._pool, confirmed)
         self.counts.rescued += len(confirmed)
-        self.counts.failed += len(failed)
+        self._tried(confirmed, failed)
         self._metrics.rescues.add(len(confirmed))
         log.warning(
             "rescued deliveries whose message was presumed lost",
@@ -251,7 +254,7 @@ class PublishRun:
         if not items:
             return
         if publisher is None:
-            self.counts.failed += len(items)
+            self._tried([], [i for i, _, _ in items])
             return
         now = self._clock.now()
         due = sorted(
@@ -261,7 +264,7 @@ class PublishRun:
         confirmed, failed = await publisher.publish_many(due, self._headers)
         await publication.mark_queued(self._pool, confirmed)
         self.counts.published += len(confirmed)
-        self.counts.failed += len(failed)
+        self._tried(confirmed, failed)
         self._metrics.run_published.add(len(confirmed))
         if failed:
             self._error = self._error or "some publishes were not confirmed"
@@ -271,6 +274,11 @@ class PublishRun:
             )
             if publisher.closed:
                 self._publisher = None  # broker gone: stop trying, leave the rest pending
+
+    def _tried(self, confirmed: list[int], failed: list[int]) -> None:
+        self._left_pending.difference_update(confirmed)
+        self._left_pending.update(failed)
+        self.counts.failed = len(self._left_pending)
 
     async def _finish(self, status: str) -> RunResult:
         c = self.counts

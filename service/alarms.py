@@ -103,6 +103,29 @@ def watch(connection: AbstractConnection, blocked: Blocked | None = None) -> Blo
     return blocked
 
 
+def announce(blocked: Blocked, role: str) -> None:
+    """Log each block and its end for a process whose publishes simply wait an alarm out
+    (the publish run, backfill, replay): an operator sees why a run stands still."""
+
+    def heard(is_blocked: bool, reason: str) -> None:
+        if is_blocked:
+            log.warning(
+                "broker alarm: connection blocked; publishes wait until it clears",
+                extra={"event": "broker_blocked", "reason": reason, "role": role},
+            )
+        else:
+            log.info(
+                "broker alarm cleared; publishing resumes",
+                extra={
+                    "event": "broker_unblocked",
+                    "blocked_seconds": round(blocked.seconds(), 3),
+                    "role": role,
+                },
+            )
+
+    blocked.listen(heard)
+
+
 async def confirmed(publishing: Awaitable[T], timeout_seconds: float, blocked: Blocked | None) -> T:
     """Await a publish and its confirm within ``timeout_seconds`` of unblocked time.
 

@@ -196,9 +196,12 @@ class ConfirmedPublisher:
 
 
 async def open_publisher(
-    settings: Settings, role: str
+    settings: Settings, role: str, *, announce_alarms: bool = True
 ) -> tuple[AbstractConnection, ConfirmedPublisher]:
-    """Connect, declare the topology, and open a confirming publisher."""
+    """Connect, declare the topology, and open a confirming publisher that sees the
+    broker's alarms (``publisher.blocked``): a publish the broker holds back because a
+    memory or disk alarm blocks the connection waits the alarm out, whoever publishes.
+    ``announce_alarms``: log each block (a caller that reacts to them logs its own)."""
     topology = amqp.Topology.from_settings(settings)
     connection = await amqp.connect(settings, name=f"{role}@{socket.gethostname()}")
     try:
@@ -206,7 +209,11 @@ async def open_publisher(
             channel = await connection.channel()
             await amqp.declare(channel, topology)
             await channel.close()
-            return connection, await ConfirmedPublisher.open(connection, topology, settings)
+            publisher = await ConfirmedPublisher.open(connection, topology, settings)
+            publisher.blocked = alarms.watch(connection)  # before its first publish
+            if announce_alarms:
+                alarms.announce(publisher.blocked, role)
+            return connection, publisher
     except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
         await amqp.close_connection(connection, settings.amqp_timeout_seconds)
         raise errors.UnavailableError(f"broker unusable: {type(exc).__name__}") from exc

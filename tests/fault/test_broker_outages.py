@@ -28,7 +28,9 @@ delivery reaches the receiver exactly once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +42,7 @@ from pydantic import SecretStr
 
 from service.ops import partner as partner_mod
 from service.settings import Settings
+from tests.support import broker
 from tests.support import relay as rs
 from tests.support.fleet import dead_letters, eventually, get_json
 from tests.support.nodes import RabbitNode, free_port
@@ -50,6 +53,7 @@ pytestmark = [pytest.mark.fault, pytest.mark.timeout(420)]
 DRAIN_ROWS = 5000
 DRAIN_DELAY_SECONDS = 0.2  # each drain request: 50 on the wire drain ~250/s
 ALARM_ROWS = 1000
+ALARM_LATE_ROWS = 100  # loaded and published while the alarm is on
 # The alarm test's heartbeat and confirm timeout, shorter than the defaults (8 s: a 27 s
 # window; 15 s) so that holding the alarm past both takes 30 s, not a minute.
 ALARM_HEARTBEAT_SECONDS = 5  # a window of 3 x (5 + 1) = 18 s
@@ -291,6 +295,7 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
     )
     consumer = await rs.start_consumer(settings, log_path)
     alarm_on = False
+    publishing: asyncio.Task[rs.Result] | None = None
     try:
 
         async def under_way() -> bool:
@@ -309,6 +314,11 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
         assert await eventually(_logged(log_path, "broker_blocked"), 30), (
             "the consumer's connection was never blocked"
         )
+        # A publish run started now is blocked at its first publish, for longer than its
+        # confirm timeout: it waits the alarm out instead of failing the run.
+        late = [rs.line(f"late{i}", partner.url("drain")) for i in range(ALARM_LATE_ROWS)]
+        assert await rs.load(pool, late) == ALARM_LATE_ROWS
+        publishing = asyncio.create_task(rs.relay(settings, "publish", timeout=180))
 
         async def session_cycled() -> bool:
             return consumer.returncode is not None or bool(_log(log_path, "consume_stopping"))
@@ -320,21 +330,68 @@ async def test_a_memory_alarm_pauses_the_consumer_without_cycling_sessions_or_re
         await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
         alarm_on = False
         assert await eventually(_logged(log_path, "broker_unblocked"), 30), "never unblocked"
+        published = await publishing
+        assert published.code == 0, published.stdout + published.stderr[-2000:]
+        events = [json.loads(x).get("event") for x in published.stderr.splitlines() if x[:1] == "{"]
+        assert "broker_blocked" in events and "broker_unblocked" in events, events
+        assert f"published={ALARM_LATE_ROWS}" in published.stdout, published.stdout
         # Nothing more to watch: the rest of the drain at full speed.
         partner.state.rules["drain"] = partner_mod.PathRule()
         partner.state.rules["flaky"] = partner_mod.PathRule(status=503, first_n_per_key=1)
 
         async def all_delivered() -> bool:
-            return await _count(pool, "delivered") == ALARM_ROWS
+            return await _count(pool, "delivered") == ALARM_ROWS + ALARM_LATE_ROWS
 
         assert await eventually(all_delivered, 120), await rs.states(pool)
         assert consumer.returncode is None, "the consumer exited during the alarm"
     finally:
         if alarm_on:
             await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
+        if publishing is not None:  # not left running: it ends once the alarm is off
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(publishing, 60)
         code = await rs.stop(consumer)
     assert code == 0
     await _alarm_cost_nothing(settings, pool, partner, module_rabbit, log_path, redelivered_before)
+
+
+async def test_publishes_the_broker_refuses_end_the_run_incomplete_counting_each_row_once(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, module_rabbit: RabbitNode
+) -> None:
+    """A broker that nacks publishes to the bulk lane (a full queue with
+    ``reject-publish``: a policy of length 0, past which a quorum queue refuses all but
+    the first): the run ends incomplete, and the rows it reports left pending are the rows
+    the ledger holds pending, each counted once although the pending sweep tried it again."""
+    settings = _settings(settings, module_rabbit)
+    rows = 10
+    lines = [rs.line(f"n{i}", partner.url("drain")) for i in range(rows)]
+    assert await rs.load(pool, lines) == rows
+    policy = f"refuse-{settings.amqp_namespace}"
+    pattern = f"^{re.escape(settings.amqp_namespace)}\\.deliveries$"
+    refuse = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    await asyncio.to_thread(
+        module_rabbit.ctl, "set_policy", "--apply-to", "queues", policy, pattern, refuse
+    )
+    try:
+        # Past its length already: a quorum queue refuses only what comes once it knows
+        # it is full, and the run's publishes go out together.
+        await broker.declare(settings)
+        await broker.publish_raw(settings, [b"filler"])
+        refused = await rs.relay(settings, "publish")
+    finally:
+        await asyncio.to_thread(module_rabbit.ctl, "clear_policy", policy)
+    assert refused.code == 1, refused.stdout + refused.stderr[-2000:]
+    states = await rs.states(pool)
+    pending = states.get("pending", 0)
+    assert pending >= rows - 1 and pending + states.get("queued", 0) == rows, states
+    assert f"rescued=0 left_pending={pending} " in refused.stdout, (refused.stdout, states)
+    run = await pool.fetchrow("SELECT status, failed_count FROM publish_runs")
+    assert (run["status"], run["failed_count"]) == ("incomplete", pending)
+
+    again = await rs.relay(settings, "publish")
+    assert again.code == 0, again.stdout + again.stderr[-2000:]
+    assert f"published={pending} " in again.stdout, again.stdout
+    assert await rs.states(pool) == {"queued": rows}
 
 
 async def _alarm_cost_nothing(
@@ -350,10 +407,11 @@ async def _alarm_cost_nothing(
     assert _log(log_path, "publish_failed") == []
     redelivered = await asyncio.to_thread(rabbit.quorum_counter, "messages_redelivered_total")
     assert redelivered == redelivered_before  # nothing moved toward x-delivery-limit
-    assert await rs.states(pool) == {"delivered": ALARM_ROWS}
+    total = ALARM_ROWS + ALARM_LATE_ROWS
+    assert await rs.states(pool) == {"delivered": total}
     outcomes = await _outcomes(pool)
     assert outcomes.get("lost", 0) == 0, outcomes
-    assert outcomes == {"accepted": ALARM_ROWS, "retry": ALARM_ROWS // 10}, outcomes
+    assert outcomes == {"accepted": total, "retry": ALARM_ROWS // 10}, outcomes
     assert all(n == 1 for n in partner.state.events.values())  # exactly once per key
-    assert partner.state.logical_events == ALARM_ROWS
+    assert partner.state.logical_events == total
     assert await dead_letters(settings.amqp_url.get_secret_value(), settings.amqp_namespace) == []
