@@ -10,7 +10,8 @@ again on its own, so only the item that really fails sees the error. An ``Abando
 error (the process is stopping, a server stays unreachable) is not the items' fault and
 fails the whole group at once.
 
-A ``linger`` makes a batch that is not full wait that long for company before it goes:
+A ``linger`` makes a batch that is not full wait that long for company before it goes
+(less, if it fills meanwhile):
 at a trickle (deliveries falling due one by one, 1,000 a second) every claim and outcome
 would otherwise be a round trip of its own, and the consumer spent twice the CPU per
 delivery that it does in a drain (``docs/benchmarks.md``).
@@ -46,6 +47,7 @@ class Batcher(Generic[T, R]):
         self._slots = asyncio.Semaphore(max_concurrent)
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._wakeup = asyncio.Event()
+        self._full = asyncio.Event()  # a whole batch is waiting: a linger ends early
         self._running: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._refusal: Abandoned | None = None
@@ -59,6 +61,8 @@ class Batcher(Generic[T, R]):
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         self._wakeup.set()
+        if len(self._pending) >= self._max_size:
+            self._full.set()
         return await future
 
     def stop_intake(self, reason: str) -> None:
@@ -76,9 +80,14 @@ class Batcher(Generic[T, R]):
             await self._slots.acquire()
             await asyncio.sleep(0)  # let submitters woken in this tick join the batch
             if self._linger and len(self._pending) < self._max_size:
-                await asyncio.sleep(self._linger)  # a trickle: wait for company
+                # A trickle: wait for company, until the batch is full at the latest.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._linger):
+                        await self._full.wait()
             batch = self._pending[: self._max_size]
             del self._pending[: self._max_size]
+            if len(self._pending) < self._max_size:
+                self._full.clear()
             if not self._pending:
                 self._wakeup.clear()
             if not batch:

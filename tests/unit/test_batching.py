@@ -174,6 +174,18 @@ async def test_a_linger_groups_items_submitted_apart_up_to_the_batch_size() -> N
     await batcher.close(1)
 
 
+async def test_a_batch_that_fills_while_it_lingers_goes_at_once() -> None:
+    flush = Recorder()
+    batcher: Batcher[int, str] = Batcher(flush, max_size=3, max_concurrent=1, linger_seconds=30.0)
+    batcher.start()
+    # The first item starts a 30 s linger; the third fills the batch 20 ms later, and the
+    # batch goes then (the helper's 10 s deadline would fail the test otherwise).
+    results = await _one_at_a_time(batcher, [1, 2, 3])
+    assert results == ["done 1", "done 2", "done 3"]
+    assert flush.groups == [[1, 2, 3]]
+    await batcher.close(1)
+
+
 async def test_a_full_batch_does_not_linger() -> None:
     flush = Recorder()
     batcher: Batcher[int, str] = Batcher(flush, max_size=2, max_concurrent=1, linger_seconds=30.0)
