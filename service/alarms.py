@@ -41,6 +41,9 @@ class Blocked:
         self.blocks = 0  # how many times it was blocked so far
         self.since: float | None = None  # monotonic start of the current block
         self.observed = False  # False: this client cannot see blocks (see ``watch``)
+        # Confirm waits under way (``confirmed``) and their length: a block lifts their
+        # deadline, its end gives each a fresh one.
+        self._windows: dict[asyncio.Timeout, float] = {}
 
     @property
     def is_blocked(self) -> bool:
@@ -56,6 +59,9 @@ class Blocked:
         self.blocks += 1
         self.since = self._now()
         self._unblocked.clear()
+        for window in self._windows:
+            if not window.expired():  # one that just ran out is a timeout already
+                window.reschedule(None)
         for listener in list(self._listeners):
             listener(True, reason)
 
@@ -63,6 +69,11 @@ class Blocked:
         if not self.is_blocked:
             return
         self._unblocked.set()
+        if self._windows:
+            now = asyncio.get_running_loop().time()
+            for window, seconds in self._windows.items():
+                if not window.expired():
+                    window.reschedule(now + seconds)
         for listener in list(self._listeners):
             listener(False, "")
         self.since = None
@@ -71,8 +82,14 @@ class Blocked:
         """How long the current block has lasted (0 when not blocked)."""
         return 0.0 if self.since is None else self._now() - self.since
 
-    async def wait_unblocked(self) -> None:
-        await self._unblocked.wait()
+    def hold(self, window: asyncio.Timeout, seconds: float) -> None:
+        """Suspend ``window`` while blocked, and restart it at ``seconds`` when unblocked."""
+        if self.is_blocked:
+            window.reschedule(None)
+        self._windows[window] = seconds
+
+    def release(self, window: asyncio.Timeout) -> None:
+        del self._windows[window]
 
 
 def watch(connection: AbstractConnection, blocked: Blocked | None = None) -> Blocked:
@@ -131,25 +148,15 @@ async def confirmed(publishing: Awaitable[T], timeout_seconds: float, blocked: B
 
     A window in which the connection was blocked does not count: once the block ends, a
     fresh window begins (the broker reads the publish only then). TimeoutError past it.
+    One ``asyncio.timeout`` whose deadline a block lifts and its end sets again, rather
+    than a task and ``asyncio.wait`` per publish: a publish run sends thousands a second
+    (py-spy: ~9 % of its samples in those, ~5 % in this).
     """
-    if blocked is None:
-        # Not wait_for: on 3.11 it wraps the publish in one more task per message.
-        async with asyncio.timeout(timeout_seconds):
+    async with asyncio.timeout(timeout_seconds) as window:
+        if blocked is None:
             return await publishing
-    task = asyncio.ensure_future(publishing)
-    try:
-        while True:
-            blocks_before = blocked.blocks
-            done, _ = await asyncio.wait({task}, timeout=timeout_seconds)
-            if done:
-                return task.result()
-            if not blocked.is_blocked and blocked.blocks == blocks_before:
-                raise TimeoutError
-            waiter = asyncio.ensure_future(blocked.wait_unblocked())
-            try:
-                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-    finally:
-        if not task.done():
-            task.cancel()
+        blocked.hold(window, timeout_seconds)
+        try:
+            return await publishing
+        finally:
+            blocked.release(window)
