@@ -163,27 +163,29 @@ async def test_without_a_linger_items_submitted_apart_are_flushed_apart() -> Non
     await batcher.close(1)
 
 
-async def test_a_linger_groups_items_submitted_apart_up_to_the_batch_size() -> None:
+async def _lingering(max_size: int, linger_seconds: float) -> list[list[int]]:
+    """Items 1, 2, 3 submitted 10 ms apart to a lingering batcher: the groups flushed."""
     flush = Recorder()
-    # The linger is far longer than the submissions take, so the grouping is a fact.
-    batcher: Batcher[int, str] = Batcher(flush, max_size=3, max_concurrent=1, linger_seconds=2.0)
+    batcher: Batcher[int, str] = Batcher(
+        flush, max_size=max_size, max_concurrent=1, linger_seconds=linger_seconds
+    )
     batcher.start()
     results = await _one_at_a_time(batcher, [1, 2, 3])
     assert results == ["done 1", "done 2", "done 3"]
-    assert flush.groups == [[1, 2, 3]]
     await batcher.close(1)
+    return flush.groups
+
+
+async def test_a_linger_groups_items_submitted_apart_in_a_batch_that_never_fills() -> None:
+    # The linger is far longer than the submissions take, so the grouping is a fact; the
+    # batch (room for 10) goes when the linger ends.
+    assert await _lingering(max_size=10, linger_seconds=2.0) == [[1, 2, 3]]
 
 
 async def test_a_batch_that_fills_while_it_lingers_goes_at_once() -> None:
-    flush = Recorder()
-    batcher: Batcher[int, str] = Batcher(flush, max_size=3, max_concurrent=1, linger_seconds=30.0)
-    batcher.start()
     # The first item starts a 30 s linger; the third fills the batch 20 ms later, and the
     # batch goes then (the helper's 10 s deadline would fail the test otherwise).
-    results = await _one_at_a_time(batcher, [1, 2, 3])
-    assert results == ["done 1", "done 2", "done 3"]
-    assert flush.groups == [[1, 2, 3]]
-    await batcher.close(1)
+    assert await _lingering(max_size=3, linger_seconds=30.0) == [[1, 2, 3]]
 
 
 async def test_a_full_batch_does_not_linger() -> None:
