@@ -19,6 +19,7 @@ down, and a backfill is an operator's explicit choice.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import Callable
@@ -32,6 +33,7 @@ import asyncpg
 from service import amqp, db, errors, publishing, retention, schedule, schedule_history
 from service.ledger import State, admission, control, publication, publish_runs
 from service.ledger.admission import NewDelivery
+from service.ledger.model import Connection
 from service.progress import Progress
 from service.settings import Settings
 
@@ -87,10 +89,11 @@ class BackfillSummary:
     run_id: int | None = None  # the backfill run, once something was admitted
     listed: list[Listed] = field(default_factory=list)  # admitted (dry run: would be)
     ready: list[tuple[int, bool, datetime]] = field(default_factory=list, repr=False)
+    interrupted: bool = field(default=False, repr=False)  # stopped by Ctrl-C or SIGTERM
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(self.__dict__)
-        del data["ready"], data["listed"]
+        del data["ready"], data["listed"], data["interrupted"]
         data["occurrences"] = [item.as_dict() for item in self.listed]
         return data
 
@@ -141,7 +144,9 @@ async def _owed(
     return [_Occurrence(NewDelivery.of(row, o.at), o.schedule.timezone) for o in found]
 
 
-async def _one(pool: asyncpg.Pool, row: asyncpg.Record, summary: BackfillSummary) -> None:
+async def _one(
+    pool: asyncpg.Pool, holder: Connection, row: asyncpg.Record, summary: BackfillSummary
+) -> None:
     owed = await _owed(pool, row, summary.start, summary.end)
     if not owed:
         return
@@ -158,7 +163,7 @@ async def _one(pool: asyncpg.Pool, row: asyncpg.Record, summary: BackfillSummary
     if not missing and not paused:
         return
     if summary.run_id is None:  # the first occurrence to admit opens the backfill run
-        started = await publish_runs.start(pool, "backfill", summary.start, socket.gethostname())
+        started = await publish_runs.start(holder, "backfill", summary.start, socket.gethostname())
         summary.run_id = started.run_id
     async with pool.acquire() as conn, conn.transaction():
         inserted = await admission.insert_deliveries(
@@ -201,15 +206,21 @@ async def admit(
     if reminder_id is not None and not rows:
         raise errors.InputError(f"--reminder: no reminder {reminder_id!r}")
     progress = Progress("backfill")
-    try:
-        for row in rows:
-            await _one(pool, row, summary)
-            summary.reminders += 1
-            progress.update(summary.reminders, len(rows))
-    finally:
-        progress.finish()
-        if summary.run_id is not None:
-            await _finish(pool, summary)
+    # Held for the run's life: its session's lock on the run tells later runs it is alive.
+    async with pool.acquire() as holder:
+        try:
+            for row in rows:
+                await _one(pool, holder, row, summary)
+                summary.reminders += 1
+                progress.update(summary.reminders, len(rows))
+        except asyncio.CancelledError:  # Ctrl-C, SIGTERM: recorded so, not as 'ok'
+            summary.interrupted = True
+            raise
+        finally:
+            progress.finish()
+            if summary.run_id is not None:
+                await _finish(pool, summary)
+                await publish_runs.unlock(holder, summary.run_id)
     return summary
 
 
@@ -218,7 +229,7 @@ async def _finish(pool: asyncpg.Pool, summary: BackfillSummary) -> None:
     await publish_runs.finish(
         pool,
         summary.run_id,
-        "ok" if summary.failed == 0 else "incomplete",
+        "interrupted" if summary.interrupted else "ok" if summary.failed == 0 else "incomplete",
         due=summary.in_window,
         created=summary.new + summary.reopened,
         skipped=0,

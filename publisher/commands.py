@@ -12,13 +12,14 @@ from publisher import backfill as backfill_mod
 from publisher import drop as drop_mod
 from publisher import replay as replay_mod
 from publisher import run as publish_run
+from publisher.results import RunResult
 from service import entry, errors, telemetry
 from service.clock import SystemClock
 from service.ledger import State
 from service.settings import Settings
 
 
-def _print_run(result: publish_run.RunResult) -> None:
+def _print_run(result: RunResult) -> None:
     c = result.counts
     print(
         f"run {result.run_id} {result.status}: due={c.due} created={c.created} "

@@ -22,7 +22,6 @@ import contextlib
 import functools
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,9 +29,12 @@ import asyncpg
 from opentelemetry import trace
 
 from publisher.plan import plan_batch
-from service import amqp, brokers, db, errors, logs, publishing, runs, telemetry
+from publisher.results import RunCounts, RunResult
+from service import amqp, brokers, db, errors, logs, publishing, runs, signals, telemetry
 from service.clock import Clock
+from service.crashpoints import CrashPoints
 from service.ledger import State, admission, publication, publish_runs, recovery
+from service.ledger.model import Connection
 from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics
@@ -43,33 +45,6 @@ _CLOSE_SECONDS = 5.0
 # Admitted batches being published at once: two keep the broker's confirm window full
 # across a batch boundary; more would only hold more rows in memory.
 _BATCHES_PUBLISHING = 2
-
-
-@dataclass
-class RunCounts:
-    due: int = 0
-    created: int = 0
-    skipped: int = 0
-    published: int = 0
-    rescued: int = 0
-    failed: int = 0
-
-
-@dataclass
-class RunResult:
-    run_id: int
-    status: str  # ok | incomplete | paused
-    counts: RunCounts = field(default_factory=RunCounts)
-    error: str | None = None
-    broker_unreachable: bool = False
-
-    @property
-    def exit_code(self) -> int:
-        if self.status in ("ok", "paused"):
-            return errors.ExitCode.OK
-        if self.broker_unreachable:
-            return errors.ExitCode.UNAVAILABLE
-        return errors.ExitCode.INCOMPLETE
 
 
 class PublishRun:
@@ -87,6 +62,7 @@ class PublishRun:
         broker_error: str | None = None,
         tracer: trace.Tracer | None = None,
         count_waiting: Callable[[], Awaitable[int]] | None = None,
+        crash: CrashPoints | None = None,
     ) -> None:
         self._tracer = tracer or telemetry.noop_tracer()
         self._headers: dict[str, Any] = {}
@@ -97,12 +73,14 @@ class PublishRun:
         self._clock = clock
         self._error = broker_error
         self._count_waiting = count_waiting
+        self._crash = crash or CrashPoints()
         self._broker_unreachable = broker_error is not None
         self.counts = RunCounts()
         # Rows this run could not publish, each once: the pending sweep tries again rows
         # whose publish failed during admission, and a second failure is the same row.
         self._left_pending: set[int] = set()
         self.run_id = 0
+        self.result: RunResult | None = None  # once the run's end is recorded
         self._paused: list[tuple[datetime, datetime]] = []  # windows admission was paused
 
     async def execute(
@@ -123,6 +101,16 @@ class PublishRun:
             return result
 
     async def _execute(self, intended_fire_at: datetime | None, *, rescue_only: bool) -> RunResult:
+        # Out of the pool for the run's life: its lock tells later runs this one is alive.
+        async with self._pool.acquire() as holder:
+            try:
+                return await self._recorded(holder, intended_fire_at, rescue_only=rescue_only)
+            finally:
+                await publish_runs.unlock(holder, self.run_id)
+
+    async def _recorded(
+        self, holder: Connection, intended_fire_at: datetime | None, *, rescue_only: bool
+    ) -> RunResult:
         self._headers = telemetry.inject_headers()
         now = self._clock.now()
         # Without a scheduled time from the caller, the run is as late as the oldest
@@ -130,7 +118,7 @@ class PublishRun:
         oldest_due = await admission.oldest_due(self._pool, now)
         intended = intended_fire_at or min(oldest_due or now, now)
         kind = "rescue" if rescue_only else "publish"
-        started = await publish_runs.start(self._pool, kind, intended, socket.gethostname())
+        started = await publish_runs.start(holder, kind, intended, socket.gethostname())
         self.run_id = started.run_id
         self._metrics.scheduler_lag.record(max((started.started_at - intended).total_seconds(), 0))
         fields = {"event": "publish_run", "run_id": self.run_id}
@@ -151,6 +139,12 @@ class PublishRun:
             self._error = f"database error: {type(exc).__name__}"
             await self._finish_safely("failed")
             raise
+        except asyncio.CancelledError:
+            # A stop signal (run() below): what was confirmed is queued, the rest pending
+            # for the next run; the record says so instead of staying 'running'.
+            self._error = "stopped by a signal before it finished"
+            await self._finish_safely("interrupted")
+            raise
         status = "ok" if self._error is None and self.counts.failed == 0 else "incomplete"
         if paused and status == "ok":
             status = "paused"
@@ -167,7 +161,12 @@ class PublishRun:
                 if len(publishing) == _BATCHES_PUBLISHING:
                     await publishing.popleft()
                 # Committed first, then published: a crash here leaves the rows pending.
+                self._crash.hit("publish_after_admit")
                 publishing.append(asyncio.create_task(self._publish(ready)))
+        except asyncio.CancelledError:
+            for task in publishing:  # stopped: no batch waits on for its confirms
+                task.cancel()
+            raise
         finally:
             # Every batch's publishes end before the run goes on (or fails): none is left
             # running unawaited, and the first failure is the one raised.
@@ -301,7 +300,8 @@ class PublishRun:
             **{f"{name}_count": n for name, n in c.__dict__.items()},
         }
         log.info("publish run finished", extra=extra)
-        return RunResult(self.run_id, status, c, self._error, self._broker_unreachable)
+        self.result = RunResult(self.run_id, status, c, self._error, self._broker_unreachable)
+        return self.result
 
     async def _finish_safely(self, status: str) -> None:
         try:
@@ -319,37 +319,60 @@ async def run(
     rescue_only: bool = False,
     tracer: trace.Tracer | None = None,
 ) -> RunResult:
-    """Composition root of ``relay publish`` (and ``relay rescue``)."""
-    async with contextlib.AsyncExitStack() as stack:
-        pool = await db.create_pool(settings, size=2)
-        stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
-        publisher = None
-        broker_error = None
-        count_waiting = None
-        try:
-            connection, publisher = await publishing.open_publisher(settings, "relay-publish")
-        except errors.UnavailableError as exc:
-            broker_error = str(exc)
-            log.error(
-                "broker unreachable; admitting without publishing",
-                extra={"event": "broker_unreachable"},
-            )
-        else:
-            stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
-            count_waiting = functools.partial(
-                brokers.ready_total,
-                connection,
-                amqp.Topology.from_settings(settings).waiting_queues(),
-                settings.amqp_timeout_seconds,
-            )
-        return await PublishRun(
-            settings=settings,
-            pool=pool,
-            publisher=publisher,
-            metrics=metrics,
-            clock=clock,
-            broker_error=broker_error,
-            tracer=tracer,
-            count_waiting=count_waiting,
-        ).execute(intended_fire_at, rescue_only=rescue_only)
-    raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
+    """Composition root of ``relay publish`` (and ``relay rescue``).
+
+    SIGTERM or SIGINT (a Job's deadline, ``kubectl delete``, Ctrl-C) stops the run where it
+    is: it records itself ``interrupted`` with its counts, and what it did not publish
+    stays pending for the next run.
+    """
+    publish_run: PublishRun | None = None
+    with signals.cancelling_on_signals():
+        async with contextlib.AsyncExitStack() as stack:
+            publish_run = await _compose(stack, settings, metrics, clock, tracer)
+            return await publish_run.execute(intended_fire_at, rescue_only=rescue_only)
+    log.warning("stopped by a signal", extra={"event": "publish_run_stopped"})
+    if publish_run is None or publish_run.result is None:  # stopped before it recorded
+        return RunResult(getattr(publish_run, "run_id", 0), "interrupted", error="stopped")
+    return publish_run.result  # recorded 'interrupted', with its counts
+
+
+async def _compose(
+    stack: contextlib.AsyncExitStack,
+    settings: Settings,
+    metrics: Metrics,
+    clock: Clock,
+    tracer: trace.Tracer | None,
+) -> PublishRun:
+    # One connection more than the run's work uses: it holds the run's lock (_execute).
+    pool = await db.create_pool(settings, size=3)
+    stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
+    publisher = None
+    broker_error = None
+    count_waiting = None
+    try:
+        connection, publisher = await publishing.open_publisher(settings, "relay-publish")
+    except errors.UnavailableError as exc:
+        broker_error = str(exc)
+        log.error(
+            "broker unreachable; admitting without publishing",
+            extra={"event": "broker_unreachable"},
+        )
+    else:
+        stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
+        count_waiting = functools.partial(
+            brokers.ready_total,
+            connection,
+            amqp.Topology.from_settings(settings).waiting_queues(),
+            settings.amqp_timeout_seconds,
+        )
+    return PublishRun(
+        settings=settings,
+        pool=pool,
+        publisher=publisher,
+        metrics=metrics,
+        clock=clock,
+        broker_error=broker_error,
+        tracer=tracer,
+        count_waiting=count_waiting,
+        crash=CrashPoints(settings.crash_at),
+    )

@@ -253,7 +253,8 @@ class Settings(
     crash_at: str = Field(
         default="",
         description="Testing only: SIGKILL the process at these named points "
-        "(after_send, after_write, after_publish, purge_after_batch, purge_inside_batch).",
+        "(after_send, after_write, after_publish, purge_after_batch, purge_inside_batch, "
+        "publish_after_admit).",
     )
 
     # --- demo / paths -------------------------------------------------------------

@@ -197,9 +197,32 @@ WHERE r.id = t.id;
 ---------------------------------------------------------------------------- runs
 
 -- name: start_run
-INSERT INTO publish_runs (kind, intended_fire_at, host)
-VALUES ($1, $2, $3)
-RETURNING id, started_at;
+-- The run's session locks the run's id (a session lock, taken in the statement that makes
+-- the row visible): while the run's process lives, a look at pg_locks finds it.
+WITH started AS (
+    INSERT INTO publish_runs (kind, intended_fire_at, host)
+    VALUES ($1, $2, $3)
+    RETURNING id, started_at
+)
+SELECT id, started_at, pg_advisory_lock(72177028, (id % 2147483647)::int) FROM started;
+
+-- name: run_unlock
+SELECT pg_advisory_unlock(72177028, ($1::bigint % 2147483647)::int);
+
+-- name: runs_interrupted
+-- Runs still 'running' whose lock no session holds: their process ended without recording
+-- the end (SIGKILL, a deadline, a lost node). Their rows not published stay pending.
+UPDATE publish_runs AS p
+SET status = 'interrupted', finished_at = now(),
+    error = 'ended before it finished (killed, or its database connection went away)'
+WHERE p.status = 'running'
+  AND NOT EXISTS (
+      SELECT 1 FROM pg_locks AS l
+      WHERE l.locktype = 'advisory' AND l.database = (
+                SELECT oid FROM pg_database WHERE datname = current_database())
+        AND l.classid = 72177028 AND l.objid = (p.id % 2147483647)::oid AND l.objsubid = 2
+        AND l.granted)
+RETURNING p.id;
 
 -- name: finish_run
 UPDATE publish_runs SET

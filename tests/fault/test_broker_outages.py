@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import re
+import signal
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -42,7 +43,7 @@ from pydantic import SecretStr
 
 from service.ops import partner as partner_mod
 from service.settings import Settings
-from tests.support import broker
+from tests.support import broker, forked
 from tests.support import relay as rs
 from tests.support.fleet import dead_letters, eventually, get_json
 from tests.support.nodes import RabbitNode, free_port
@@ -80,17 +81,7 @@ def _settings(settings: Settings, rabbit: RabbitNode) -> Settings:
 
 def _log(path: Path, event: str) -> list[dict[str, Any]]:
     """The consumer's JSON log lines with this ``event``."""
-    if not path.exists():
-        return []
-    found = []
-    for text in path.read_text().splitlines():
-        try:
-            line = json.loads(text)
-        except ValueError:
-            continue
-        if line.get("event") == event:
-            found.append(line)
-    return found
+    return rs.log_events(path.read_text(), event) if path.exists() else []
 
 
 def _logged(path: Path, event: str) -> Callable[[], Any]:
@@ -391,6 +382,43 @@ async def test_publishes_the_broker_refuses_end_the_run_incomplete_counting_each
     again = await rs.relay(settings, "publish")
     assert again.code == 0, again.stdout + again.stderr[-2000:]
     assert f"published={pending} " in again.stdout, again.stdout
+    assert await rs.states(pool) == {"queued": rows}
+
+
+async def test_a_publish_run_stopped_while_an_alarm_blocks_it_records_interrupted(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    partner: RunningPartner,
+    module_rabbit: RabbitNode,
+    tmp_path: Path,
+) -> None:
+    """A Job's deadline reached during a long alarm (SIGTERM): the run, waiting on confirms
+    the broker holds back, records itself ``interrupted`` instead of staying ``running``,
+    exits 1, and what it did not publish is published by the next run once the alarm ends."""
+    settings = _settings(settings, module_rabbit)
+    rows = 20
+    assert await rs.load(pool, [rs.line(f"a{i}", partner.url("drain")) for i in range(rows)])
+    log_path = tmp_path / "publish.log"
+    await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.0001")
+    try:
+        with open(log_path, "ab") as log:
+            run = await forked.spawn(
+                ["publish"], rs.env_for(settings), stdout=forked.PIPE, stderr=log
+            )
+        await rs.wait_for(_logged(log_path, "broker_blocked"), 60, "the run blocked")
+        run.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(run.communicate(), 60)
+    finally:
+        await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
+    assert run.returncode == 1, out.decode() + log_path.read_text()[-2000:]
+    assert " interrupted: " in out.decode(), out.decode()
+    assert _log(log_path, "publish_run_stopped")
+    status, finished = await pool.fetchrow("SELECT status, finished_at FROM publish_runs")
+    assert status == "interrupted" and finished is not None
+
+    after = await rs.relay(settings, "publish")
+    assert after.code == 0, after.stdout + after.stderr[-2000:]
+    assert f"published={rows} " in after.stdout, after.stdout
     assert await rs.states(pool) == {"queued": rows}
 
 

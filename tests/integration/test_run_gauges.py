@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from consumer import sampler
 from publisher import run as publish_run
+from publisher.results import RunResult
 from service import amqp, telemetry
 from service.ops import reminders
 from service.settings import Settings
@@ -79,7 +80,7 @@ async def connection(settings: Settings) -> AsyncIterator[AbstractConnection]:
     await conn.close()
 
 
-async def _publish_at(settings: Settings, at: datetime) -> publish_run.RunResult:
+async def _publish_at(settings: Settings, at: datetime) -> RunResult:
     return await publish_run.run(settings, metrics=telemetry.noop(), clock=FixedClock(at))
 
 

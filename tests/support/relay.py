@@ -59,6 +59,19 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
+def log_events(text: str, event: str) -> list[dict[str, Any]]:
+    """The lines of a relay process's JSON log (``text``) with this ``event``."""
+    found = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == event:
+            found.append(record)
+    return found
+
+
 @dataclass
 class Result:
     code: int

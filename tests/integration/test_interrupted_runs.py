@@ -1,0 +1,119 @@
+"""A publish run that does not finish says so: its record never stays ``running`` for ever.
+
+- Killed (SIGKILL at a named point, as a Job's deadline or a lost node would): the next
+  run finds no session holding the killed run's lock, marks it ``interrupted``, and
+  publishes the rows it left pending.
+- Alive (its session holds the lock): another run leaves its record alone.
+- Stopped (SIGTERM while its admission waits on a lock): it records ``interrupted`` with
+  its counts and exits 1; the admission it was in rolled back, and the next run admits it.
+
+Real ``relay publish`` processes against the shared PostgreSQL and RabbitMQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from datetime import UTC, datetime
+
+import asyncpg
+
+from service.ledger import publish_runs
+from service.settings import Settings
+from tests.support import forked
+from tests.support import relay as rs
+from tests.support.relay import RunningPartner
+
+ROWS = 20
+
+
+async def _runs(pool: asyncpg.Pool) -> list[tuple[str, bool, str | None]]:
+    rows = await pool.fetch("SELECT status, finished_at, error FROM publish_runs ORDER BY id")
+    return [(r["status"], r["finished_at"] is not None, r["error"]) for r in rows]
+
+
+async def test_a_run_killed_after_admitting_is_marked_interrupted_and_its_rows_published(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    await rs.load(pool, [rs.line(f"k{i}", partner.url()) for i in range(ROWS)])
+    killed = await rs.relay(settings, "publish", CRASH_AT="publish_after_admit")
+    assert killed.code == -signal.SIGKILL, killed.stdout + killed.stderr[-2000:]
+    assert await _runs(pool) == [("running", False, None)]
+    assert await rs.states(pool) == {"pending": ROWS}
+
+    after = await rs.relay(settings, "publish")
+    assert after.code == 0, after.stdout + after.stderr[-2000:]
+    assert f"published={ROWS} " in after.stdout, after.stdout
+    (killed_run, error), next_run = [(r[0], r[2]) for r in await _runs(pool)]
+    assert killed_run == "interrupted" and error is not None and "ended before" in error
+    assert next_run == ("ok", None)
+    marked = rs.log_events(after.stderr, "run_interrupted")
+    first_id = await pool.fetchval("SELECT min(id) FROM publish_runs")
+    assert [e["run_id"] for e in marked] == [first_id]
+    assert await rs.states(pool) == {"queued": ROWS}
+
+
+async def test_a_run_whose_session_lives_is_left_running_until_that_session_ends(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    """Another process's run in progress (its record made by the same function, its
+    session holding the lock) is not taken for a killed one."""
+    elsewhere = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        live = await publish_runs.start(elsewhere, "publish", datetime.now(UTC), "elsewhere")
+        await rs.load(pool, [rs.line("l0", partner.url())])
+        during = await rs.relay(settings, "publish")
+        assert during.code == 0, during.stdout + during.stderr[-2000:]
+        assert rs.log_events(during.stderr, "run_interrupted") == []
+        status = await pool.fetchval("SELECT status FROM publish_runs WHERE id = $1", live.run_id)
+        assert status == "running"
+    finally:
+        await elsewhere.close()  # the process "dies": its session and its lock go
+
+    after = await rs.relay(settings, "publish")
+    assert after.code == 0, after.stdout + after.stderr[-2000:]
+    assert [e["run_id"] for e in rs.log_events(after.stderr, "run_interrupted")] == [live.run_id]
+    statuses = [status for status, _, _ in await _runs(pool)]
+    assert statuses == ["interrupted", "ok", "ok"]
+
+
+async def test_a_run_stopped_by_sigterm_records_interrupted_and_the_next_admits_its_rows(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    settings = settings.model_copy(update={"database_command_timeout_seconds": 120.0})
+    await rs.load(pool, [rs.line(f"t{i}", partner.url()) for i in range(ROWS)])
+    # The ledger locked by someone else: the run's admission waits on it mid-transaction.
+    blocker = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        locked = blocker.transaction()
+        await locked.start()
+        await blocker.execute("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
+        run = await forked.spawn(
+            ["publish"], rs.env_for(settings), stdout=forked.PIPE, stderr=forked.PIPE
+        )
+
+        async def admission_waits() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database() AND query ILIKE '%INSERT INTO deliveries%'"
+                )
+            )
+
+        await rs.wait_for(admission_waits, 60, "the run's admission waiting on the lock")
+        run.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(run.communicate(), 60)
+        await locked.rollback()
+    finally:
+        await blocker.close()
+    assert run.returncode == 1, out.decode() + err.decode()[-2000:]
+    assert " interrupted: " in out.decode() and "created=0 " in out.decode(), out.decode()
+    assert [e["event"] for e in rs.log_events(err.decode(), "publish_run_stopped")]
+    assert await _runs(pool) == [("interrupted", True, "stopped by a signal before it finished")]
+    assert await rs.states(pool) == {}  # the admission it was in rolled back
+
+    after = await rs.relay(settings, "publish")
+    assert after.code == 0, after.stdout + after.stderr[-2000:]
+    assert f"created={ROWS} " in after.stdout and f"published={ROWS} " in after.stdout
+    assert rs.log_events(after.stderr, "run_interrupted") == []  # it recorded its own end
+    assert await rs.states(pool) == {"queued": ROWS}
