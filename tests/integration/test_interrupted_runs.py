@@ -6,6 +6,7 @@
 - Alive (its session holds the lock): another run leaves its record alone.
 - Stopped (SIGTERM while its admission waits on a lock): it records ``interrupted`` with
   its counts and exits 1; the admission it was in rolled back, and the next run admits it.
+  A backfill stopped by Ctrl-C records ``interrupted``, not ``ok``.
 
 Real ``relay publish`` processes against the shared PostgreSQL and RabbitMQ.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
@@ -92,15 +93,7 @@ async def test_a_run_stopped_by_sigterm_records_interrupted_and_the_next_admits_
             ["publish"], rs.env_for(settings), stdout=forked.PIPE, stderr=forked.PIPE
         )
 
-        async def admission_waits() -> bool:
-            return bool(
-                await pool.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND datname = current_database() AND query ILIKE '%INSERT INTO deliveries%'"
-                )
-            )
-
-        await rs.wait_for(admission_waits, 60, "the run's admission waiting on the lock")
+        await rs.wait_for(lambda: _inserts_wait(pool), 60, "the run's admission waiting")
         run.send_signal(signal.SIGTERM)
         out, err = await asyncio.wait_for(run.communicate(), 60)
         await locked.rollback()
@@ -117,3 +110,44 @@ async def test_a_run_stopped_by_sigterm_records_interrupted_and_the_next_admits_
     assert f"created={ROWS} " in after.stdout and f"published={ROWS} " in after.stdout
     assert rs.log_events(after.stderr, "run_interrupted") == []  # it recorded its own end
     assert await rs.states(pool) == {"queued": ROWS}
+
+
+async def test_a_backfill_stopped_by_ctrl_c_records_interrupted_not_ok(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    settings = settings.model_copy(update={"database_command_timeout_seconds": 120.0})
+    await rs.load(pool, [rs.line("every-minute", partner.url(), cron="* * * * *")])
+    since = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
+    args = ["backfill", "--reminder", "every-minute", "--from", since, "--apply"]
+    # Reads go on, inserts wait: the backfill opens its run, then waits to insert its rows.
+    blocker = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        locked = blocker.transaction()
+        await locked.start()
+        await blocker.execute("LOCK TABLE deliveries IN EXCLUSIVE MODE")
+        run = await forked.spawn(args, rs.env_for(settings), stdout=forked.PIPE, stderr=forked.PIPE)
+        await rs.wait_for(lambda: _inserts_wait(pool), 60, "the backfill waiting to insert")
+        assert await _runs(pool) == [("running", False, None)]
+        run.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(run.communicate(), 60)
+        await locked.rollback()
+    finally:
+        await blocker.close()
+    assert run.returncode == 130, out.decode() + err.decode()[-2000:]
+    assert await _runs(pool) == [("interrupted", True, None)]
+    assert await rs.states(pool) == {}
+
+    again = await rs.relay(settings, *args)
+    assert again.code == 0, again.stdout + again.stderr[-2000:]
+    statuses = [status for status, _, _ in await _runs(pool)]
+    assert statuses == ["interrupted", "ok"]
+    assert sum((await rs.states(pool)).values()) >= 5  # the window's occurrences, admitted
+
+
+async def _inserts_wait(pool: asyncpg.Pool) -> bool:
+    return bool(
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database() AND query ILIKE '%INSERT INTO deliveries%'"
+        )
+    )
