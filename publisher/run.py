@@ -106,7 +106,9 @@ class PublishRun:
             try:
                 return await self._recorded(holder, intended_fire_at, rescue_only=rescue_only)
             finally:
-                await publish_runs.unlock(holder, self.run_id)
+                # A connection gone took its lock along: its error is not the run's.
+                with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                    await publish_runs.unlock(holder, self.run_id)
 
     async def _recorded(
         self, holder: Connection, intended_fire_at: datetime | None, *, rescue_only: bool

@@ -66,14 +66,14 @@ def render_runs(found: list[dict[str, Any]], next_before: int | None) -> str:
     if not found:
         return "no runs"
     header = (
-        f"{'run':>5} {'kind':<8} {'status':<10} {'intended (UTC)':<16} {'owed':>6} "
+        f"{'run':>5} {'kind':<8} {'status':<11} {'intended (UTC)':<16} {'owed':>6} "
         f"{'delivered':>9} {'skipped':>7} {'dead':>5} {'pending':>7} {'complete':>8}  held"
     )
     lines = [header, "-" * len(header)]
     for r in found:
         ratio = "-" if r["completion_ratio"] is None else f"{r['completion_ratio'] * 100:.1f}%"
         lines.append(
-            f"{r['run_id']:>5} {r['kind']:<8} {r['status']:<10} "
+            f"{r['run_id']:>5} {r['kind']:<8} {r['status']:<11} "
             f"{r['intended_fire_at']:%Y-%m-%d %H:%M} {r['owed']:>6} {r['delivered']:>9} "
             f"{r['skipped']:>7} {r['dead']:>5} {r['pending']:>7} {ratio:>8}  "
             f"{'HELD' if r['held'] else ''}"

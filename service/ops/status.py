@@ -100,7 +100,7 @@ def render_table(
 ) -> str:
     """A readable report for people."""
     header = (
-        f"{'run':>5} {'status':<10} {'intended (UTC)':<17} {'lag s':>7} {'due':>6} "
+        f"{'run':>5} {'status':<11} {'intended (UTC)':<17} {'lag s':>7} {'due':>6} "
         f"{'delivered':>9} {'retrying':>8} {'dead':>5} {'skipped':>7} {'pending':>7} "
         f"{'complete':>8}"
     )
@@ -146,7 +146,7 @@ def _run_lines(
     dead = r.states.get(ledger.State.DEAD, 0)
     skipped = r.states.get(ledger.State.SKIPPED, 0)
     lines.append(
-        f"{r.run_id:>5} {r.status:<10} {r.intended_fire_at:%Y-%m-%d %H:%M}  "
+        f"{r.run_id:>5} {r.status:<11} {r.intended_fire_at:%Y-%m-%d %H:%M}  "
         f"{r.lag_seconds:>7.1f} {r.due:>6} {r.delivered:>9} "
         f"{retrying:>8} {dead:>5} "
         f"{skipped:>7} {open_:>7} {_fmt_ratio(r.completion_ratio):>8}"
