@@ -110,7 +110,8 @@ async def test_consumer_channel_closed_by_the_server_is_noticed_and_nothing_is_l
 
             # Restored as soon as its consume channel exists: a restart of it (after the
             # close, exit and restart delay) must get the default timeout.
-            assert await eventually(second_consuming, 30), "second consumer never consumed"
+            # 60 s: each look is a rabbitmqctl run, seconds apiece with two suites at once.
+            assert await eventually(second_consuming, 60), "second consumer never consumed"
         finally:
             await asyncio.to_thread(rabbit.set_env, "consumer_timeout", default_timeout)
         second.restarts_allowed.set()
@@ -120,7 +121,7 @@ async def test_consumer_channel_closed_by_the_server_is_noticed_and_nothing_is_l
         async def closed() -> bool:
             return bool(await asyncio.to_thread(_server_closed_channels, rabbit))
 
-        assert await eventually(closed, 30), (
+        assert await eventually(closed, 60), (
             "the server never closed a channel for the consumer timeout\n" + fleet.describe()
         )
         closed_at = fleet.note(
