@@ -89,7 +89,7 @@ class BackfillSummary:
     run_id: int | None = None  # the backfill run, once something was admitted
     listed: list[Listed] = field(default_factory=list)  # admitted (dry run: would be)
     ready: list[tuple[int, bool, datetime]] = field(default_factory=list, repr=False)
-    interrupted: bool = field(default=False, repr=False)  # stopped by Ctrl-C or SIGTERM
+    interrupted: bool = field(default=False, repr=False)  # stopped by Ctrl-C
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(self.__dict__)
@@ -213,7 +213,9 @@ async def admit(
                 await _one(pool, holder, row, summary)
                 summary.reminders += 1
                 progress.update(summary.reminders, len(rows))
-        except asyncio.CancelledError:  # Ctrl-C, SIGTERM: recorded so, not as 'ok'
+        except asyncio.CancelledError:
+            # Ctrl-C: recorded so, not as 'ok'. A SIGTERM kills the process outright, and
+            # the next run marks this one (its lock is gone).
             summary.interrupted = True
             raise
         finally:
