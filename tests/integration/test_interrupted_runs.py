@@ -1,6 +1,6 @@
 """A publish run that does not finish says so: its record never stays ``running`` for ever.
 
-- Killed (SIGKILL at a named point, as a Job's deadline or a lost node would): the next
+- Killed (SIGKILL at a named point, as an OOM kill or a lost node would): the next
   run finds no session holding the killed run's lock, marks it ``interrupted``, and
   publishes the rows it left pending.
 - Alive (its session holds the lock): another run leaves its record alone.
