@@ -35,8 +35,7 @@ class Blocked:
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._now = monotonic
-        self._unblocked = asyncio.Event()
-        self._unblocked.set()
+        self._blocked = False
         self._listeners: list[Callable[[bool, str], None]] = []
         self.blocks = 0  # how many times it was blocked so far
         self.since: float | None = None  # monotonic start of the current block
@@ -47,7 +46,7 @@ class Blocked:
 
     @property
     def is_blocked(self) -> bool:
-        return not self._unblocked.is_set()
+        return self._blocked
 
     def listen(self, listener: Callable[[bool, str], None]) -> None:
         """``listener(blocked, reason)`` on every change."""
@@ -57,8 +56,8 @@ class Blocked:
         if self.is_blocked:
             return
         self.blocks += 1
+        self._blocked = True
         self.since = self._now()
-        self._unblocked.clear()
         for window in self._windows:
             if not window.expired():  # one that just ran out is a timeout already
                 window.reschedule(None)
@@ -68,7 +67,7 @@ class Blocked:
     def unblock(self) -> None:
         if not self.is_blocked:
             return
-        self._unblocked.set()
+        self._blocked = False
         if self._windows:
             now = asyncio.get_running_loop().time()
             for window, seconds in self._windows.items():
