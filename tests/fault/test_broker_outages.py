@@ -379,10 +379,7 @@ async def test_publishes_the_broker_refuses_end_the_run_incomplete_counting_each
     run = await pool.fetchrow("SELECT status, failed_count FROM publish_runs")
     assert (run["status"], run["failed_count"]) == ("incomplete", pending)
 
-    again = await rs.relay(settings, "publish")
-    assert again.code == 0, again.stdout + again.stderr[-2000:]
-    assert f"published={pending} " in again.stdout, again.stdout
-    assert await rs.states(pool) == {"queued": rows}
+    await _next_run_publishes(settings, pool, pending, rows)
 
 
 async def test_a_publish_run_stopped_while_an_alarm_blocks_it_records_interrupted(
@@ -416,9 +413,14 @@ async def test_a_publish_run_stopped_while_an_alarm_blocks_it_records_interrupte
     status, finished = await pool.fetchrow("SELECT status, finished_at FROM publish_runs")
     assert status == "interrupted" and finished is not None
 
+    await _next_run_publishes(settings, pool, rows, rows)
+
+
+async def _next_run_publishes(settings: Settings, pool: asyncpg.Pool, left: int, rows: int) -> None:
+    """The next publish run ends ok, publishing the ``left`` rows; all ``rows`` queued."""
     after = await rs.relay(settings, "publish")
     assert after.code == 0, after.stdout + after.stderr[-2000:]
-    assert f"published={rows} " in after.stdout, after.stdout
+    assert f"published={left} " in after.stdout, after.stdout
     assert await rs.states(pool) == {"queued": rows}
 
 

@@ -81,27 +81,13 @@ async def test_a_run_whose_session_lives_is_left_running_until_that_session_ends
 async def test_a_run_stopped_by_sigterm_records_interrupted_and_the_next_admits_its_rows(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
-    settings = settings.model_copy(update={"database_command_timeout_seconds": 120.0})
     await rs.load(pool, [rs.line(f"t{i}", partner.url()) for i in range(ROWS)])
-    # The ledger locked by someone else: the run's admission waits on it mid-transaction.
-    blocker = await asyncpg.connect(settings.database_url.get_secret_value())
-    try:
-        locked = blocker.transaction()
-        await locked.start()
-        await blocker.execute("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
-        run = await forked.spawn(
-            ["publish"], rs.env_for(settings), stdout=forked.PIPE, stderr=forked.PIPE
-        )
-
-        await rs.wait_for(lambda: _inserts_wait(pool), 60, "the run's admission waiting")
-        run.send_signal(signal.SIGTERM)
-        out, err = await asyncio.wait_for(run.communicate(), 60)
-        await locked.rollback()
-    finally:
-        await blocker.close()
-    assert run.returncode == 1, out.decode() + err.decode()[-2000:]
-    assert " interrupted: " in out.decode() and "created=0 " in out.decode(), out.decode()
-    assert [e["event"] for e in rs.log_events(err.decode(), "publish_run_stopped")]
+    # SIGTERM mid-admission: its transaction waits to insert.
+    sigterm = signal.SIGTERM
+    code, out, err = await _signalled_while_inserts_wait(settings, pool, ["publish"], sigterm)
+    assert code == 1, out + err[-2000:]
+    assert " interrupted: " in out and "created=0 " in out, out
+    assert [e["event"] for e in rs.log_events(err, "publish_run_stopped")]
     assert await _runs(pool) == [("interrupted", True, "stopped by a signal before it finished")]
     assert await rs.states(pool) == {}  # the admission it was in rolled back
 
@@ -115,25 +101,11 @@ async def test_a_run_stopped_by_sigterm_records_interrupted_and_the_next_admits_
 async def test_a_backfill_stopped_by_ctrl_c_records_interrupted_not_ok(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
-    settings = settings.model_copy(update={"database_command_timeout_seconds": 120.0})
     await rs.load(pool, [rs.line("every-minute", partner.url(), cron="* * * * *")])
     since = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
     args = ["backfill", "--reminder", "every-minute", "--from", since, "--apply"]
-    # Reads go on, inserts wait: the backfill opens its run, then waits to insert its rows.
-    blocker = await asyncpg.connect(settings.database_url.get_secret_value())
-    try:
-        locked = blocker.transaction()
-        await locked.start()
-        await blocker.execute("LOCK TABLE deliveries IN EXCLUSIVE MODE")
-        run = await forked.spawn(args, rs.env_for(settings), stdout=forked.PIPE, stderr=forked.PIPE)
-        await rs.wait_for(lambda: _inserts_wait(pool), 60, "the backfill waiting to insert")
-        assert await _runs(pool) == [("running", False, None)]
-        run.send_signal(signal.SIGINT)
-        out, err = await asyncio.wait_for(run.communicate(), 60)
-        await locked.rollback()
-    finally:
-        await blocker.close()
-    assert run.returncode == 130, out.decode() + err.decode()[-2000:]
+    code, out, err = await _signalled_while_inserts_wait(settings, pool, args, signal.SIGINT)
+    assert code == 130, out + err[-2000:]
     assert await _runs(pool) == [("interrupted", True, None)]
     assert await rs.states(pool) == {}
 
@@ -142,6 +114,29 @@ async def test_a_backfill_stopped_by_ctrl_c_records_interrupted_not_ok(
     statuses = [status for status, _, _ in await _runs(pool)]
     assert statuses == ["interrupted", "ok"]
     assert sum((await rs.states(pool)).values()) >= 5  # the window's occurrences, admitted
+
+
+async def _signalled_while_inserts_wait(
+    settings: Settings, pool: asyncpg.Pool, args: list[str], sig: signal.Signals
+) -> tuple[int, str, str]:
+    """Run ``relay ARGS`` while someone else holds the ledger (reads go on, inserts wait):
+    once the run is recorded and its insert waits, send ``sig``; its code, stdout, stderr."""
+    env = rs.env_for(settings.model_copy(update={"database_command_timeout_seconds": 120.0}))
+    blocker = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        locked = blocker.transaction()
+        await locked.start()
+        await blocker.execute("LOCK TABLE deliveries IN EXCLUSIVE MODE")
+        run = await forked.spawn(args, env, stdout=forked.PIPE, stderr=forked.PIPE)
+        await rs.wait_for(lambda: _inserts_wait(pool), 60, f"relay {args[0]} waiting to insert")
+        assert await _runs(pool) == [("running", False, None)]
+        run.send_signal(sig)
+        out, err = await asyncio.wait_for(run.communicate(), 60)
+        await locked.rollback()
+    finally:
+        await blocker.close()
+    assert run.returncode is not None
+    return run.returncode, out.decode(), err.decode()
 
 
 async def _inserts_wait(pool: asyncpg.Pool) -> bool:
