@@ -33,7 +33,6 @@ import asyncpg
 from service import amqp, db, errors, publishing, retention, schedule, schedule_history
 from service.ledger import State, admission, control, publication, publish_runs
 from service.ledger.admission import NewDelivery
-from service.ledger.model import Connection
 from service.progress import Progress
 from service.settings import Settings
 
@@ -145,7 +144,7 @@ async def _owed(
 
 
 async def _one(
-    pool: asyncpg.Pool, holder: Connection, row: asyncpg.Record, summary: BackfillSummary
+    pool: asyncpg.Pool, lock: publish_runs.RunLock, row: asyncpg.Record, summary: BackfillSummary
 ) -> None:
     owed = await _owed(pool, row, summary.start, summary.end)
     if not owed:
@@ -163,8 +162,9 @@ async def _one(
     if not missing and not paused:
         return
     if summary.run_id is None:  # the first occurrence to admit opens the backfill run
-        started = await publish_runs.start(holder, "backfill", summary.start, socket.gethostname())
+        started = await lock.start("backfill", summary.start, socket.gethostname())
         summary.run_id = started.run_id
+    await lock.keep()
     async with pool.acquire() as conn, conn.transaction():
         inserted = await admission.insert_deliveries(
             conn, [o.delivery for o in missing], summary.run_id
@@ -207,10 +207,10 @@ async def admit(
         raise errors.InputError(f"--reminder: no reminder {reminder_id!r}")
     progress = Progress("backfill")
     # Held for the run's life: its session's lock on the run tells later runs it is alive.
-    async with pool.acquire() as holder:
+    async with publish_runs.RunLock(pool) as lock:
         try:
             for row in rows:
-                await _one(pool, holder, row, summary)
+                await _one(pool, lock, row, summary)
                 summary.reminders += 1
                 progress.update(summary.reminders, len(rows))
         except asyncio.CancelledError:
@@ -221,8 +221,8 @@ async def admit(
         finally:
             progress.finish()
             if summary.run_id is not None:
+                await lock.keep()
                 await _finish(pool, summary)
-                await publish_runs.unlock(holder, summary.run_id)
     return summary
 
 

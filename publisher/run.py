@@ -34,7 +34,6 @@ from service import amqp, brokers, db, errors, logs, publishing, runs, signals, 
 from service.clock import Clock
 from service.crashpoints import CrashPoints
 from service.ledger import State, admission, publication, publish_runs, recovery
-from service.ledger.model import Connection
 from service.progress import Progress
 from service.settings import Settings
 from service.telemetry import Metrics
@@ -68,6 +67,7 @@ class PublishRun:
         self._headers: dict[str, Any] = {}
         self._settings = settings
         self._pool = pool
+        self._lock = publish_runs.RunLock(pool)
         self._publisher = publisher
         self._metrics = metrics
         self._clock = clock
@@ -101,18 +101,12 @@ class PublishRun:
             return result
 
     async def _execute(self, intended_fire_at: datetime | None, *, rescue_only: bool) -> RunResult:
-        # Out of the pool for the run's life: its lock tells later runs this one is alive.
-        async with self._pool.acquire() as holder:
-            try:
-                return await self._recorded(holder, intended_fire_at, rescue_only=rescue_only)
-            finally:
-                # A connection gone took its lock along: its error is not the run's.
-                with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                    await publish_runs.unlock(holder, self.run_id)
+        # A connection out of the pool for the run's life: its lock tells later runs this
+        # one is alive.
+        async with self._lock:
+            return await self._recorded(intended_fire_at, rescue_only=rescue_only)
 
-    async def _recorded(
-        self, holder: Connection, intended_fire_at: datetime | None, *, rescue_only: bool
-    ) -> RunResult:
+    async def _recorded(self, intended_fire_at: datetime | None, *, rescue_only: bool) -> RunResult:
         self._headers = telemetry.inject_headers()
         now = self._clock.now()
         # Without a scheduled time from the caller, the run is as late as the oldest
@@ -120,7 +114,7 @@ class PublishRun:
         oldest_due = await admission.oldest_due(self._pool, now)
         intended = intended_fire_at or min(oldest_due or now, now)
         kind = "rescue" if rescue_only else "publish"
-        started = await publish_runs.start(holder, kind, intended, socket.gethostname())
+        started = await self._lock.start(kind, intended, socket.gethostname())
         self.run_id = started.run_id
         self._metrics.scheduler_lag.record(max((started.started_at - intended).total_seconds(), 0))
         fields = {"event": "publish_run", "run_id": self.run_id}
@@ -179,6 +173,7 @@ class PublishRun:
 
     async def _admit_batch(self, now: datetime) -> list[tuple[int, bool, datetime]] | None:
         """Admit one batch in one transaction; its new pending rows, or None if none due."""
+        await self._lock.keep()
         async with self._pool.acquire() as conn, conn.transaction():
             horizon = now + timedelta(seconds=self._settings.publish_lookahead_seconds)
             limit = self._settings.publish_batch_size
@@ -198,6 +193,7 @@ class PublishRun:
     async def _sweep_pending(self) -> None:
         after_id = 0
         while self._publisher is not None:
+            await self._lock.keep()
             page = await publication.select_pending(
                 self._pool, after_id, self._settings.publish_batch_size
             )
@@ -209,6 +205,7 @@ class PublishRun:
     async def _rescue(self) -> None:
         if self._publisher is None:
             return
+        await self._lock.keep()
         rows = await recovery.select_rescue(
             self._pool, self._settings.rescue_after_seconds, self._settings.rescue_batch_limit
         )
@@ -283,6 +280,7 @@ class PublishRun:
 
     async def _finish(self, status: str) -> RunResult:
         c = self.counts
+        await self._lock.keep()  # a run marked 'interrupted' meanwhile records its own end
         await publish_runs.finish(
             self._pool,
             self.run_id,

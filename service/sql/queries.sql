@@ -209,6 +209,20 @@ SELECT id, started_at, pg_advisory_lock(72177028, (id % 2147483647)::int) FROM s
 -- name: run_unlock
 SELECT pg_advisory_unlock(72177028, ($1::bigint % 2147483647)::int);
 
+-- name: run_relock
+-- A run whose lock went with its connection (a terminated backend, an idle-session
+-- timeout) takes it again on another. A run starting meanwhile may have marked it
+-- 'interrupted' (runs_interrupted's error, word for word): it is running after all. The
+-- lock and the correction come in one statement, as in start_run.
+WITH revived AS (
+    UPDATE publish_runs SET status = 'running', finished_at = NULL, error = NULL
+    WHERE id = $1 AND status = 'interrupted'
+      AND error = 'ended before it finished (killed, or its database connection went away)'
+    RETURNING id
+)
+SELECT pg_advisory_lock(72177028, ($1::bigint % 2147483647)::int),
+       EXISTS (SELECT 1 FROM revived) AS revived;
+
 -- name: runs_interrupted
 -- Runs still 'running' whose lock no session holds: their process ended without recording
 -- the end (SIGKILL, a deadline, a lost node). Their rows not published stay pending.

@@ -3,7 +3,10 @@
 - Killed (SIGKILL at a named point, as an OOM kill or a lost node would): the next
   run finds no session holding the killed run's lock, marks it ``interrupted``, and
   publishes the rows it left pending.
-- Alive (its session holds the lock): another run leaves its record alone.
+- Alive (its session holds the lock): another run leaves its record alone. A run whose
+  lock's connection alone was lost (its backend terminated, as an idle-session timeout
+  would) and which a run starting meanwhile marked ``interrupted`` takes the lock again
+  at its next batch, is ``running`` again, and records its own end.
 - Stopped (SIGTERM while its admission waits on a lock): it records ``interrupted`` with
   its counts and exits 1; the admission it was in rolled back, and the next run admits it.
   A backfill stopped by Ctrl-C records ``interrupted``, not ``ok``.
@@ -78,6 +81,40 @@ async def test_a_run_whose_session_lives_is_left_running_until_that_session_ends
     assert statuses == ["interrupted", "ok", "ok"]
 
 
+async def test_a_run_whose_lock_connection_is_lost_takes_the_lock_again_and_records_its_end(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    await rs.load(pool, [rs.line(f"c{i}", partner.url()) for i in range(ROWS)])
+    timeouts = {"database_command_timeout_seconds": 120.0, "publish_batch_size": 5}
+    env = rs.env_for(settings.model_copy(update=timeouts))
+    blocker = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        locked = blocker.transaction()
+        await locked.start()
+        await blocker.execute("LOCK TABLE deliveries IN EXCLUSIVE MODE")
+        run = await forked.spawn(["publish"], env, stdout=forked.PIPE, stderr=forked.PIPE)
+        await rs.wait_for(lambda: _inserts_wait(pool), 60, "relay publish waiting to insert")
+        run_id = await pool.fetchval("SELECT id FROM publish_runs")
+        sessions = await pool.fetchval(_LOCK_SESSIONS.format("count(pg_terminate_backend(pid))"))
+        assert sessions == 1, "the run's lock is held by one session"
+        await rs.wait_for(lambda: _no_lock_held(pool), 30, "the terminated session gone")
+        # A run starting meanwhile finds the run without its lock.
+        rescue = await rs.relay(settings, "rescue")
+        assert rescue.code == 0, rescue.stdout + rescue.stderr[-2000:]
+        assert [e["run_id"] for e in rs.log_events(rescue.stderr, "run_interrupted")] == [run_id]
+        await locked.rollback()
+        out, err = (b.decode() for b in await asyncio.wait_for(run.communicate(), 60))
+    finally:
+        await blocker.close()
+    assert run.returncode == 0, out + err[-2000:]
+    assert f"created={ROWS} " in out and f"published={ROWS} " in out, out
+    assert await _runs(pool) == [("ok", True, None), ("ok", True, None)]  # it, the rescue
+    retaken = rs.log_events(err, "run_lock_retaken")
+    assert [(e["run_id"], e["revived"]) for e in retaken] == [(run_id, True)]
+    assert await _no_lock_held(pool), "the run let its lock go at its end"
+    assert await rs.states(pool) == {"queued": ROWS}
+
+
 async def test_a_run_stopped_by_sigterm_records_interrupted_and_the_next_admits_its_rows(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
 ) -> None:
@@ -146,3 +183,15 @@ async def _inserts_wait(pool: asyncpg.Pool) -> bool:
             " AND datname = current_database() AND query ILIKE '%INSERT INTO deliveries%'"
         )
     )
+
+
+# The sessions holding a publish run's lock (runs_interrupted's test, as SQL).
+_LOCK_SESSIONS = (
+    "SELECT {} FROM pg_locks WHERE locktype = 'advisory' AND classid = 72177028"
+    " AND objsubid = 2 AND granted AND database = ("
+    "SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+async def _no_lock_held(pool: asyncpg.Pool) -> bool:
+    return await pool.fetchval(_LOCK_SESSIONS.format("count(*)")) == 0
