@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from service import amqp, db, errors, publishing, retention, schedule, schedule_history
+from service import amqp, db, errors, publishing, retention, schedule, schedule_history, signals
 from service.ledger import State, admission, control, publication, publish_runs
 from service.ledger.admission import NewDelivery
 from service.progress import Progress
@@ -88,11 +88,11 @@ class BackfillSummary:
     run_id: int | None = None  # the backfill run, once something was admitted
     listed: list[Listed] = field(default_factory=list)  # admitted (dry run: would be)
     ready: list[tuple[int, bool, datetime]] = field(default_factory=list, repr=False)
-    interrupted: bool = field(default=False, repr=False)  # stopped by Ctrl-C
+    interrupted: bool = False  # stopped by SIGTERM or SIGINT before it finished
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(self.__dict__)
-        del data["ready"], data["listed"], data["interrupted"]
+        del data["ready"], data["listed"]
         data["occurrences"] = [item.as_dict() for item in self.listed]
         return data
 
@@ -109,6 +109,11 @@ class BackfillSummary:
         elif self.apply:
             text += " (nothing to admit: no run recorded)"
         text += "".join(f"\n  {item.render()}" for item in self.listed)
+        if self.interrupted:
+            text += (
+                "\n  interrupted by a signal: what it admitted is listed; run it again for the"
+                " rest (occurrences already admitted are left alone)"
+            )
         if not self.apply:
             text += "\n  dry run: nothing changed; add --apply to do it"
         elif self.published == 0 and self.new + self.reopened:
@@ -189,10 +194,10 @@ def _listing(
     return sorted(items, key=lambda item: item.occurrence_at)
 
 
-async def admit(
+async def _prepare(
     pool: asyncpg.Pool, reminder_id: str | None, start: datetime, end: datetime, *, apply: bool
-) -> BackfillSummary:
-    """Count (or, ``apply``, admit) the window's occurrences the ledger lacks."""
+) -> tuple[BackfillSummary, list[asyncpg.Record]]:
+    """The summary to fill and the reminders to look at, once the window is checked."""
     now = await pool.fetchval(db.q("db_now"))
     reached = await retention.horizon(pool)
     retention.refuse_reaching_back(
@@ -205,6 +210,11 @@ async def admit(
     rows = await pool.fetch(db.q("backfill_reminders"), reminder_id)
     if reminder_id is not None and not rows:
         raise errors.InputError(f"--reminder: no reminder {reminder_id!r}")
+    return summary, rows
+
+
+async def admit(pool: asyncpg.Pool, rows: list[asyncpg.Record], summary: BackfillSummary) -> None:
+    """Count (or, ``summary.apply``, admit) the window's occurrences the ledger lacks."""
     progress = Progress("backfill")
     # Held for the run's life: its session's lock on the run tells later runs it is alive.
     async with publish_runs.RunLock(pool) as lock:
@@ -214,8 +224,8 @@ async def admit(
                 summary.reminders += 1
                 progress.update(summary.reminders, len(rows))
         except asyncio.CancelledError:
-            # Ctrl-C: recorded so, not as 'ok'. A SIGTERM kills the process outright, and
-            # the next run marks this one (its lock is gone).
+            # SIGTERM or SIGINT (run() below): recorded so, not as 'ok'; the transaction it
+            # was in rolled back.
             summary.interrupted = True
             raise
         finally:
@@ -223,7 +233,6 @@ async def admit(
             if summary.run_id is not None:
                 await lock.keep()
                 await _finish(pool, summary)
-    return summary
 
 
 async def _finish(pool: asyncpg.Pool, summary: BackfillSummary) -> None:
@@ -256,7 +265,14 @@ async def publish(
     stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
     now = await pool.fetchval(db.q("db_now"))
     items = [(i, urgent, (at - now).total_seconds()) for i, urgent, at in summary.ready]
-    confirmed, failed = await publisher.publish_many(items)
+    try:
+        confirmed, failed = await publisher.publish_many(items)
+    except asyncio.CancelledError:
+        # Stopped while publishing: none is marked queued, so all stay pending for the
+        # next relay publish (a message that did reach the queue makes its copy a no-op).
+        summary.interrupted = True
+        summary.failed = len(items)
+        raise
     await publication.mark_queued(pool, confirmed)
     summary.published, summary.failed = len(confirmed), len(failed)
 
@@ -270,16 +286,25 @@ async def run(
     apply: bool,
     publish_now: bool,
 ) -> BackfillSummary:
-    """Composition root of ``relay backfill``."""
+    """Composition root of ``relay backfill``.
+
+    SIGTERM or SIGINT (a Job's deadline, Ctrl-C) stop it where it is: the run records
+    itself ``interrupted`` (stopped while publishing: ``incomplete``, its rows pending for
+    the next ``relay publish``), and the summary says what was done (exit 1).
+    """
     async with contextlib.AsyncExitStack() as stack:
         pool = await db.create_pool(settings, size=2)
         stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
-        summary = await admit(pool, reminder_id, start, end, apply=apply)
-        if apply and publish_now:
-            await publish(stack, settings, pool, summary)
-            assert summary.run_id is not None
-            await publish_runs.record_published(
-                pool, summary.run_id, summary.published, summary.failed
-            )
+        summary, rows = await _prepare(pool, reminder_id, start, end, apply=apply)
+        with signals.cancelling_on_signals():
+            await admit(pool, rows, summary)
+            if apply and publish_now:
+                try:
+                    await publish(stack, settings, pool, summary)
+                finally:
+                    if summary.run_id is not None and summary.ready:
+                        await publish_runs.record_published(
+                            pool, summary.run_id, summary.published, summary.failed
+                        )
         return summary
     raise AssertionError("unreachable")

@@ -136,4 +136,5 @@ async def backfill(args: argparse.Namespace, settings: Settings) -> int:
         publish_now=args.publish,
     )
     print(_json(summary.as_dict()) if args.json else summary.render())
-    return errors.ExitCode.OK if summary.failed == 0 else errors.ExitCode.INCOMPLETE
+    complete = summary.failed == 0 and not summary.interrupted
+    return errors.ExitCode.OK if complete else errors.ExitCode.INCOMPLETE

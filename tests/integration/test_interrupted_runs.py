@@ -9,7 +9,8 @@
   at its next batch, is ``running`` again, and records its own end.
 - Stopped (SIGTERM while its admission waits on a lock): it records ``interrupted`` with
   its counts and exits 1; the admission it was in rolled back, and the next run admits it.
-  A backfill stopped by Ctrl-C records ``interrupted``, not ``ok``.
+  A backfill stopped by Ctrl-C or SIGTERM records ``interrupted``, not ``ok``, says so
+  and exits 1.
 
 Real ``relay publish`` processes against the shared PostgreSQL and RabbitMQ.
 """
@@ -21,6 +22,7 @@ import signal
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 
 from service.ledger import publish_runs
 from service.settings import Settings
@@ -135,14 +137,16 @@ async def test_a_run_stopped_by_sigterm_records_interrupted_and_the_next_admits_
     assert await rs.states(pool) == {"queued": ROWS}
 
 
-async def test_a_backfill_stopped_by_ctrl_c_records_interrupted_not_ok(
-    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+async def test_a_backfill_stopped_by_a_signal_records_interrupted_and_says_so(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner, sig: signal.Signals
 ) -> None:
     await rs.load(pool, [rs.line("every-minute", partner.url(), cron="* * * * *")])
     since = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
     args = ["backfill", "--reminder", "every-minute", "--from", since, "--apply"]
-    code, out, err = await _signalled_while_inserts_wait(settings, pool, args, signal.SIGINT)
-    assert code == 130, out + err[-2000:]
+    code, out, err = await _signalled_while_inserts_wait(settings, pool, args, sig)
+    assert code == 1, out + err[-2000:]
+    assert "interrupted by a signal" in out and "(new 0, " in out, out
     assert await _runs(pool) == [("interrupted", True, None)]
     assert await rs.states(pool) == {}
 
