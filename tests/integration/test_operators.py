@@ -169,8 +169,9 @@ async def test_backfill_admits_the_occurrences_the_ledger_lacks_and_publishes_at
     assert [r["occurrence_at"] for r in states] == [
         now - timedelta(minutes=m) for m in (4, 3, 2, 1)
     ]
-    again = await _json(settings, "backfill", "--all", *window, "--apply")
+    again = await _json(settings, "backfill", "--all", *window, "--apply", "--publish")
     assert (again["new"], again["reopened"], again["already"]) == (0, 0, 4)
+    assert (again["run_id"], again["published"], again["interrupted"]) == (None, 0, False)
     runs = await _json(settings, "runs", "list")
     assert [(r["kind"], r["owed"]) for r in runs["runs"]] == [("backfill", 4)]
     missing = await rs.relay(settings, "backfill", "--reminder", "nope", *window)
