@@ -108,7 +108,8 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         telem.shutdown()
     print(_json(dataclasses.asdict(summary)) if args.json else summary.render())
-    return errors.ExitCode.OK if summary.failed == 0 else errors.ExitCode.INCOMPLETE
+    complete = summary.failed == 0 and not summary.interrupted
+    return errors.ExitCode.OK if complete else errors.ExitCode.INCOMPLETE
 
 
 def _json(data: dict[str, Any]) -> str:

@@ -29,9 +29,10 @@ without changing anything; ``--apply`` does it. Every applied replay is recorded
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -40,7 +41,7 @@ import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from publisher.dead_queue import DeadLetterRead
-from service import amqp, db, ledger, logs, messages, publishing
+from service import amqp, db, ledger, logs, messages, publishing, signals
 from service.ledger import State, publication, replays
 from service.progress import Progress
 from service.settings import Settings
@@ -74,6 +75,7 @@ class ReplaySummary:
     stale: int = 0  # dead letters whose row was final or gone (acked)
     undecodable: int = 0  # dead letters that are not delivery messages (left in the queue)
     failed: int = 0  # not confirmed by the broker (left for the next replay)
+    interrupted: bool = False  # stopped by SIGTERM or SIGINT: the counts are what it did
     sample: list[int] = field(default_factory=list)
 
     def render(self) -> str:
@@ -87,6 +89,10 @@ class ReplaySummary:
             text += f"\n  delivery ids: {', '.join(map(str, self.sample))}"
             if self.selected > len(self.sample):
                 text += ", ..."
+        if self.interrupted:
+            text += (
+                "\n  interrupted by a signal: the counts are what it did; run it again for the rest"
+            )
         if not self.apply:
             text += "\n  dry run: nothing changed; add --apply to do it"
         return text
@@ -119,12 +125,28 @@ class Replayer:
         self._metrics.replays.add(len(confirmed))
         return confirmed, failed
 
-    async def from_ledger(self, filters: LedgerFilter, *, limit: int, apply: bool) -> ReplaySummary:
+    async def from_ledger(
+        self,
+        filters: LedgerFilter,
+        *,
+        limit: int,
+        apply: bool,
+        summary: ReplaySummary | None = None,
+    ) -> ReplaySummary:
+        """Replay (or count) the rows ``filters`` select, into ``summary`` if given (a
+        caller that may stop the replay reads what it did there)."""
         selection = dataclasses.replace(
             filters, states=tuple(s for s in filters.states if s in REPLAYABLE)
         )
-        summary = ReplaySummary("ledger", apply)
+        summary = summary or ReplaySummary("ledger", apply)
         audit = await self._audit_start("ledger", _filters_json(filters)) if apply else None
+        async with self._audited(audit, summary):
+            await self._ledger_pages(selection, summary, limit=limit, apply=apply)
+        return summary
+
+    async def _ledger_pages(
+        self, selection: LedgerFilter, summary: ReplaySummary, *, limit: int, apply: bool
+    ) -> None:
         after_id = 0
         progress = Progress("replay")
         while summary.selected < limit and selection.states:
@@ -158,29 +180,47 @@ class Replayer:
                 },
             )
         progress.finish()
-        if audit is not None:
-            await self._audit_finish(audit, summary)
-        return summary
 
     async def from_queue(
-        self, topology: amqp.Topology, channel: AbstractChannel, *, limit: int, apply: bool
+        self,
+        topology: amqp.Topology,
+        channel: AbstractChannel,
+        *,
+        limit: int,
+        apply: bool,
+        summary: ReplaySummary | None = None,
     ) -> ReplaySummary:
-        summary = ReplaySummary("dead-letter-queue", apply)
+        """Judge (or count) the dead letters the queue holds now, into ``summary`` if
+        given (as ``from_ledger``)."""
+        summary = summary or ReplaySummary("dead-letter-queue", apply)
         queue = await channel.declare_queue(topology.dead_queue, passive=True)
         # The bound: what the queue held when the replay began. Dead letters produced
         # after that (by replays failing again) are never read by this replay.
         read = DeadLetterRead(queue, limit=limit, progress="replay")
         audit = await self._audit_start("dead-letter-queue", {"limit": limit}) if apply else None
+        async with self._audited(audit, summary):
+            try:
+                async for message in read.letters():
+                    summary.selected += 1
+                    if not await self._judge(message, summary, apply):
+                        read.hold(message)
+            finally:
+                await read.close()
+        return summary
+
+    @contextlib.asynccontextmanager
+    async def _audited(self, audit: int | None, summary: ReplaySummary) -> AsyncIterator[None]:
+        """Record the replay's end (``audit``: its row, None for a dry run) when it ends,
+        also when a signal stops it: what it did until then, and that it was interrupted."""
         try:
-            async for message in read.letters():
-                summary.selected += 1
-                if not await self._judge(message, summary, apply):
-                    read.hold(message)
-        finally:
-            await read.close()
+            yield
+        except asyncio.CancelledError:
+            summary.interrupted = True
+            if audit is not None:
+                await self._audit_finish(audit, summary)
+            raise
         if audit is not None:
             await self._audit_finish(audit, summary)
-        return summary
 
     async def _judge(
         self, message: AbstractIncomingMessage, summary: ReplaySummary, apply: bool
@@ -231,15 +271,22 @@ class Replayer:
         return await replays.replay_started(self._pool, source, self._operator, filters)
 
     async def _audit_finish(self, audit_id: int, summary: ReplaySummary) -> None:
-        await replays.replay_finished(self._pool, audit_id, summary.selected, summary.replayed)
+        await replays.replay_finished(
+            self._pool,
+            audit_id,
+            summary.selected,
+            summary.replayed,
+            interrupted=summary.interrupted,
+        )
         log.info(
-            "replay finished",
+            "replay interrupted" if summary.interrupted else "replay finished",
             extra={
                 "event": "replay_finished",
                 "replay_id": audit_id,
                 "selected": summary.selected,
                 "replayed": summary.replayed,
                 "requeued": summary.requeued,
+                "interrupted": summary.interrupted,
                 "operator": self._operator,
             },
         )
@@ -255,17 +302,27 @@ async def run(
     limit: int,
     apply: bool,
 ) -> ReplaySummary:
-    """Composition root of ``relay replay``: every exit path closes what it opened."""
+    """Composition root of ``relay replay``: every exit path closes what it opened.
+
+    SIGTERM or SIGINT stop it between rows (a page it is publishing is cancelled: those
+    rows stay ``pending`` for the next publish run, their dead letters unacked); its audit
+    row records what it did and that it was interrupted, and so does the summary.
+    """
     async with contextlib.AsyncExitStack() as stack:
         pool = await db.create_pool(settings, size=2)
         stack.push_async_callback(db.close_pool, pool, _CLOSE_SECONDS)
         connection, publisher = await publishing.open_publisher(settings, "relay-replay")
         stack.push_async_callback(amqp.close_connection, connection, _CLOSE_SECONDS)
         replayer = Replayer(pool=pool, publisher=publisher, metrics=metrics, operator=operator)
-        if source == "queue":
-            channel = await connection.channel()
-            return await replayer.from_queue(
-                amqp.Topology.from_settings(settings), channel, limit=limit, apply=apply
-            )
-        return await replayer.from_ledger(filters, limit=limit, apply=apply)
+        summary = ReplaySummary("dead-letter-queue" if source == "queue" else "ledger", apply)
+        with signals.cancelling_on_signals():
+            if source == "queue":
+                channel = await connection.channel()
+                topology = amqp.Topology.from_settings(settings)
+                await replayer.from_queue(
+                    topology, channel, limit=limit, apply=apply, summary=summary
+                )
+            else:
+                await replayer.from_ledger(filters, limit=limit, apply=apply, summary=summary)
+        return summary
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions

@@ -61,9 +61,11 @@ async def replay_started(
     return int(await executor.fetchval(q("replay_started"), source, operator, filters))
 
 
-async def replay_finished(executor: Executor, replay_id: int, selected: int, replayed: int) -> None:
-    """Record how a replay ended."""
-    await executor.execute(q("replay_finished"), replay_id, selected, replayed)
+async def replay_finished(
+    executor: Executor, replay_id: int, selected: int, replayed: int, *, interrupted: bool
+) -> None:
+    """Record how a replay ended (``interrupted``: stopped by a signal, counts so far)."""
+    await executor.execute(q("replay_finished"), replay_id, selected, replayed, interrupted)
 
 
 async def state_of(executor: Executor, delivery_id: int) -> tuple[State, bool] | None:

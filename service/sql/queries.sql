@@ -737,7 +737,8 @@ RETURNING d.id, d.urgent;
 INSERT INTO replays (source, operator, filters) VALUES ($1, $2, $3) RETURNING id;
 
 -- name: replay_finished
-UPDATE replays SET selected = $2, replayed = $3, finished_at = now() WHERE id = $1;
+UPDATE replays SET selected = $2, replayed = $3, interrupted = $4, finished_at = now()
+WHERE id = $1;
 
 -- name: delivery_lane
 SELECT id, state::text AS state, urgent FROM deliveries WHERE id = $1;
@@ -1065,7 +1066,8 @@ LIMIT $4;
 SELECT count(*) FROM deliveries WHERE state = 'dead';
 
 -- name: console_replays_recent
-SELECT id, source, operator, filters, selected, replayed, started_at, finished_at
+SELECT id, source, operator, filters, selected, replayed, started_at, finished_at,
+       interrupted
 FROM replays
 ORDER BY id DESC
 LIMIT $1;

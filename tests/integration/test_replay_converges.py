@@ -13,6 +13,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from publisher import replay as replay_mod
 from service import amqp, messages
 from service.ops import partner as partner_mod
 from service.settings import Settings
@@ -287,3 +288,53 @@ async def test_a_dead_row_with_two_dead_letters_is_replayed_once_and_the_dry_run
     # One replay per dead row: the second dead letter is obsolete once the first was
     # replayed by this same run; and the dry run says what --apply does.
     assert (dry_numbers == apply_numbers, waiting) == (True, 1), (dry_numbers, apply_numbers)
+
+
+async def test_a_ledger_replay_stopped_by_sigterm_records_what_it_did_and_that_it_was_stopped(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    """Two pages of dead rows; the second page's reset waits on a row someone holds, and
+    SIGTERM comes then. The first page stays replayed, the second dead; the audit row and
+    the summary both say 500 replayed and interrupted (before: killed, 0 and never ended)."""
+    partner.state.rules["broken"] = partner_mod.PathRule(status=400)
+    n = replay_mod.PAGE + 100
+    await rs.load(pool, [rs.line(f"d{i}", partner.url("broken")) for i in range(n)])
+    assert (await rs.relay(settings, "publish")).code == 0
+    async with rs.consumer_in_process(settings):
+        await rs.wait_for(lambda: _settled_dead(pool, n), 90, "all dead", interval=0.5)
+    env = rs.env_for(settings.model_copy(update={"database_command_timeout_seconds": 120.0}))
+    holder = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute(
+            "SELECT id FROM deliveries WHERE id = (SELECT max(id) FROM deliveries) FOR UPDATE"
+        )
+        args = ["replay", "--from", "ledger", "--apply", "--operator", "ops"]
+        replay = await forked.spawn(args, env, stdout=forked.PIPE, stderr=forked.PIPE)
+
+        async def second_page_waits() -> bool:
+            waiting = await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
+            )
+            return bool(waiting) and (await rs.states(pool)).get("queued") == replay_mod.PAGE
+
+        await rs.wait_for(second_page_waits, 60, "the second page's reset waiting")
+        replay.send_signal(signal.SIGTERM)
+        out, err = (b.decode() for b in await asyncio.wait_for(replay.communicate(), 60))
+        await held.rollback()
+    finally:
+        await holder.close()
+    assert replay.returncode == 1, out + err[-2000:]
+    assert _numbers(out)["replayed"] == replay_mod.PAGE and "interrupted by a signal" in out, out
+    audit = await pool.fetchrow(
+        "SELECT selected, replayed, interrupted, finished_at IS NOT NULL AS ended FROM replays"
+    )
+    assert audit is not None
+    assert (audit["replayed"], audit["interrupted"], audit["ended"]) == (
+        replay_mod.PAGE,
+        True,
+        True,
+    )
+    assert await rs.states(pool) == {"queued": replay_mod.PAGE, "dead": 100}
