@@ -26,20 +26,19 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-# Seconds a module took (a fresh clone, 2026-12-07, four workers): only to balance the
+# Seconds a module took (a fresh clone, 2026-12-06, four workers): only to balance the
 # groups; a module not named counts DEFAULT_WEIGHT.
 WEIGHTS = {
-    "tests/fault/test_rabbit_cluster.py": 289,
-    "tests/fault/test_broker_outages.py": 166,
-    "tests/fault/test_database_faults.py": 132,
-    "tests/fault/test_channel_faults.py": 77,
+    "tests/fault/test_rabbit_cluster.py": 226,
+    "tests/fault/test_broker_outages.py": 184,
+    "tests/fault/test_database_faults.py": 119,
+    "tests/fault/test_channel_faults.py": 85,
     "tests/fault/test_broker_loss.py": 65,
-    "tests/fault/test_nodes_smoke.py": 39,
-    "tests/fault/test_postgres_failover.py": 33,
+    "tests/fault/test_nodes_smoke.py": 42,
     "tests/fault/test_failed_session_starts.py": 31,
+    "tests/fault/test_postgres_failover.py": 30,
     "tests/fault/test_consumer_crash.py": 11,
-    "tests/fault/test_reconciliation_crash.py": 10,
-    "tests/fault/test_database_login.py": 7,
+    "tests/fault/test_reconciliation_crash.py": 9,
 }
 DEFAULT_WEIGHT = 5
 # Seconds the slowest tests outside tests/fault/ took (slow_tests.txt). They start first,
