@@ -22,7 +22,9 @@ slot):
 Alarm: ``set_vm_memory_high_watermark 0.0001`` for 60 s under a drain in which one key
 in ten is answered 503 once (its retry is published, which gets the connection blocked):
 the consumer pauses instead of cycling sessions, the broker redelivers nothing, and every
-delivery reaches the receiver exactly once.
+delivery reaches the receiver exactly once. A publish run, and a ``relay backfill
+--publish``, stopped by SIGTERM while the alarm holds back their confirms record how they
+ended, exit 1, and leave what they did not publish pending for the next run.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import json
 import re
 import signal
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -414,6 +416,45 @@ async def test_a_publish_run_stopped_while_an_alarm_blocks_it_records_interrupte
     assert status == "interrupted" and finished is not None
 
     await _next_run_publishes(settings, pool, rows, rows)
+
+
+async def test_a_backfill_stopped_while_an_alarm_blocks_its_publishes_leaves_its_rows_pending(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    partner: RunningPartner,
+    module_rabbit: RabbitNode,
+    tmp_path: Path,
+) -> None:
+    """``relay backfill --apply --publish`` stopped (SIGTERM) while the broker holds back
+    its confirms: none of its rows is marked queued, its run says ``incomplete``, the
+    summary says it was interrupted (exit 1), and the next publish run sends them all."""
+    settings = _settings(settings, module_rabbit)
+    await rs.load(pool, [rs.line("every-minute", partner.url("drain"), cron="* * * * *")])
+    since = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
+    args = ["backfill", "--reminder", "every-minute", "--from", since, "--apply", "--publish"]
+    log_path = tmp_path / "backfill.log"
+    await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.0001")
+    try:
+        with open(log_path, "ab") as log:
+            run = await forked.spawn(args, rs.env_for(settings), stdout=forked.PIPE, stderr=log)
+        await rs.wait_for(_logged(log_path, "broker_blocked"), 60, "the backfill blocked")
+        run.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(run.communicate(), 60)
+    finally:
+        await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
+    assert run.returncode == 1, out.decode() + log_path.read_text()[-2000:]
+    assert "interrupted by a signal" in out.decode(), out.decode()
+    run_id, status = await pool.fetchrow("SELECT id, status FROM publish_runs")
+    assert status == "incomplete"
+    admitted = await rs.states(pool)
+    assert set(admitted) == {"pending"} and admitted["pending"] >= 5, admitted
+
+    after = await rs.relay(settings, "publish")
+    assert after.code == 0, after.stdout + after.stderr[-2000:]
+    queued = await pool.fetchval(
+        "SELECT count(*) FROM deliveries WHERE run_id = $1 AND state = 'queued'", run_id
+    )
+    assert queued == admitted["pending"]
 
 
 async def _next_run_publishes(settings: Settings, pool: asyncpg.Pool, left: int, rows: int) -> None:
