@@ -398,19 +398,9 @@ async def test_a_publish_run_stopped_while_an_alarm_blocks_it_records_interrupte
     rows = 20
     assert await rs.load(pool, [rs.line(f"a{i}", partner.url("drain")) for i in range(rows)])
     log_path = tmp_path / "publish.log"
-    await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.0001")
-    try:
-        with open(log_path, "ab") as log:
-            run = await forked.spawn(
-                ["publish"], rs.env_for(settings), stdout=forked.PIPE, stderr=log
-            )
-        await rs.wait_for(_logged(log_path, "broker_blocked"), 60, "the run blocked")
-        run.send_signal(signal.SIGTERM)
-        out, _ = await asyncio.wait_for(run.communicate(), 60)
-    finally:
-        await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
-    assert run.returncode == 1, out.decode() + log_path.read_text()[-2000:]
-    assert " interrupted: " in out.decode(), out.decode()
+    code, out = await _stopped_while_blocked(settings, module_rabbit, ["publish"], log_path)
+    assert code == 1, out + log_path.read_text()[-2000:]
+    assert " interrupted: " in out, out
     assert _log(log_path, "publish_run_stopped")
     status, finished = await pool.fetchrow("SELECT status, finished_at FROM publish_runs")
     assert status == "interrupted" and finished is not None
@@ -433,17 +423,9 @@ async def test_a_backfill_stopped_while_an_alarm_blocks_its_publishes_leaves_its
     since = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
     args = ["backfill", "--reminder", "every-minute", "--from", since, "--apply", "--publish"]
     log_path = tmp_path / "backfill.log"
-    await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.0001")
-    try:
-        with open(log_path, "ab") as log:
-            run = await forked.spawn(args, rs.env_for(settings), stdout=forked.PIPE, stderr=log)
-        await rs.wait_for(_logged(log_path, "broker_blocked"), 60, "the backfill blocked")
-        run.send_signal(signal.SIGTERM)
-        out, _ = await asyncio.wait_for(run.communicate(), 60)
-    finally:
-        await asyncio.to_thread(module_rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
-    assert run.returncode == 1, out.decode() + log_path.read_text()[-2000:]
-    assert "interrupted by a signal" in out.decode(), out.decode()
+    code, out = await _stopped_while_blocked(settings, module_rabbit, args, log_path)
+    assert code == 1, out + log_path.read_text()[-2000:]
+    assert "interrupted by a signal" in out, out
     run_id, status = await pool.fetchrow("SELECT id, status FROM publish_runs")
     assert status == "incomplete"
     admitted = await rs.states(pool)
@@ -455,6 +437,23 @@ async def test_a_backfill_stopped_while_an_alarm_blocks_its_publishes_leaves_its
         "SELECT count(*) FROM deliveries WHERE run_id = $1 AND state = 'queued'", run_id
     )
     assert queued == admitted["pending"]
+
+
+async def _stopped_while_blocked(
+    settings: Settings, rabbit: RabbitNode, args: list[str], log_path: Path
+) -> tuple[int | None, str]:
+    """Run ``relay ARGS`` during a memory alarm (its log to ``log_path``); once its
+    connection is blocked, SIGTERM it. Its exit code and stdout; the alarm is cleared."""
+    await asyncio.to_thread(rabbit.ctl, "set_vm_memory_high_watermark", "0.0001")
+    try:
+        with open(log_path, "ab") as log:
+            run = await forked.spawn(args, rs.env_for(settings), stdout=forked.PIPE, stderr=log)
+        await rs.wait_for(_logged(log_path, "broker_blocked"), 60, f"relay {args[0]} blocked")
+        run.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(run.communicate(), 60)
+    finally:
+        await asyncio.to_thread(rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
+    return run.returncode, out.decode()
 
 
 async def _next_run_publishes(settings: Settings, pool: asyncpg.Pool, left: int, rows: int) -> None:
