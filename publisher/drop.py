@@ -28,6 +28,7 @@ from service.settings import Settings
 
 log = logs.get("replay")
 _CLOSE_SECONDS = 5.0
+_PROGRESS_EVERY = 500  # dead letters between records of a drop's counts so far
 
 
 @dataclass
@@ -128,10 +129,16 @@ async def drop(
         if apply:
             record = {k: v for k, v in filters.__dict__.items() if v is not None}
             record["states"] = [s.value for s in filters.states] if states_given else None
-            audit = await replays.replay_started(pool, "drop", operator, _jsonable(record))
+            audit = await stack.enter_async_context(
+                replays.recorded(pool, "drop", operator, _jsonable(record))
+            )
         try:
             async for message in read.letters():
                 summary.selected += 1
+                if audit is not None and summary.selected % _PROGRESS_EVERY == 0:
+                    # Counted up to the letter before this one (a killed drop's record).
+                    done = summary.selected - 1
+                    await replays.replay_progress(pool, audit, done, 0, summary.dropped)
                 if await _judge(pool, message, filters, states_given, summary):
                     summary.dropped += 1
                     if apply:

@@ -139,13 +139,12 @@ class Replayer:
             filters, states=tuple(s for s in filters.states if s in REPLAYABLE)
         )
         summary = summary or ReplaySummary("ledger", apply)
-        audit = await self._audit_start("ledger", _filters_json(filters)) if apply else None
-        async with self._audited(audit, summary):
-            await self._ledger_pages(selection, summary, limit=limit, apply=apply)
+        async with self._audited("ledger", _filters_json(filters), summary, apply) as audit:
+            await self._ledger_pages(selection, summary, limit=limit, audit=audit)
         return summary
 
     async def _ledger_pages(
-        self, selection: LedgerFilter, summary: ReplaySummary, *, limit: int, apply: bool
+        self, selection: LedgerFilter, summary: ReplaySummary, *, limit: int, audit: int | None
     ) -> None:
         after_id = 0
         progress = Progress("replay")
@@ -161,7 +160,7 @@ class Replayer:
             summary.sample.extend(i for i, _, _ in page[: max(0, 20 - len(summary.sample))])
             dead = [i for i, state, _ in page if state is State.DEAD]
             live = [(i, urgent) for i, state, urgent in page if state is not State.DEAD]
-            if not apply:
+            if audit is None:  # a dry run
                 summary.replayed += len(page)
                 summary.requeued += len(live)
                 continue
@@ -171,6 +170,7 @@ class Replayer:
             summary.replayed += len(confirmed)
             summary.requeued += len({i for i, _ in live} & set(confirmed))
             summary.failed += len(failed)
+            await replays.replay_progress(self._pool, audit, summary.selected, summary.replayed)
             log.info(
                 "replay progress",
                 extra={
@@ -197,30 +197,44 @@ class Replayer:
         # The bound: what the queue held when the replay began. Dead letters produced
         # after that (by replays failing again) are never read by this replay.
         read = DeadLetterRead(queue, limit=limit, progress="replay")
-        audit = await self._audit_start("dead-letter-queue", {"limit": limit}) if apply else None
-        async with self._audited(audit, summary):
+        async with self._audited("dead-letter-queue", {"limit": limit}, summary, apply) as audit:
             try:
                 async for message in read.letters():
                     summary.selected += 1
                     if not await self._judge(message, summary, apply):
                         read.hold(message)
+                    if audit is not None and summary.selected % PAGE == 0:
+                        await replays.replay_progress(
+                            self._pool, audit, summary.selected, summary.replayed
+                        )
             finally:
                 await read.close()
         return summary
 
     @contextlib.asynccontextmanager
-    async def _audited(self, audit: int | None, summary: ReplaySummary) -> AsyncIterator[None]:
-        """Record the replay's end (``audit``: its row, None for a dry run) when it ends,
-        also when a signal stops it: what it did until then, and that it was interrupted."""
-        try:
-            yield
-        except asyncio.CancelledError:
-            summary.interrupted = True
+    async def _audited(
+        self, source: str, filters: dict[str, Any], summary: ReplaySummary, apply: bool
+    ) -> AsyncIterator[int | None]:
+        """An applied replay's record (its id; None for a dry run): its start, its
+        progress as the caller records it, and its end, also when a signal stops it (what
+        it did until then, and that it was interrupted)."""
+        async with contextlib.AsyncExitStack() as stack:
+            audit = None
+            if apply:
+                if self._reason:
+                    filters = filters | {"reason": self._reason}
+                audit = await stack.enter_async_context(
+                    replays.recorded(self._pool, source, self._operator, filters)
+                )
+            try:
+                yield audit
+            except asyncio.CancelledError:
+                summary.interrupted = True
+                if audit is not None:
+                    await self._audit_finish(audit, summary)
+                raise
             if audit is not None:
                 await self._audit_finish(audit, summary)
-            raise
-        if audit is not None:
-            await self._audit_finish(audit, summary)
 
     async def _judge(
         self, message: AbstractIncomingMessage, summary: ReplaySummary, apply: bool
@@ -264,11 +278,6 @@ class Replayer:
         summary.requeued += state is not State.DEAD
         await message.ack()
         return True
-
-    async def _audit_start(self, source: str, filters: dict[str, Any]) -> int:
-        if self._reason:
-            filters = filters | {"reason": self._reason}
-        return await replays.replay_started(self._pool, source, self._operator, filters)
 
     async def _audit_finish(self, audit_id: int, summary: ReplaySummary) -> None:
         await replays.replay_finished(

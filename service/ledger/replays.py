@@ -7,7 +7,8 @@ who, from where, with which filters, how it ended). A replayed row starts a new 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -54,11 +55,26 @@ async def select_for_replay(
     return [(r["id"], State(r["state"]), r["urgent"]) for r in rows]
 
 
-async def replay_started(
-    executor: Executor, source: str, operator: str, filters: dict[str, Any]
-) -> int:
-    """Record who started a replay, from where and with which filters; its id."""
-    return int(await executor.fetchval(q("replay_started"), source, operator, filters))
+@contextlib.asynccontextmanager
+async def recorded(
+    pool: asyncpg.Pool, source: str, operator: str, filters: dict[str, Any]
+) -> AsyncIterator[int]:
+    """Record who started a replay (or a drop), from where and with which filters; its id.
+
+    Until the ``async with`` ends, a pooled connection of its own holds a lock on that id,
+    so that a replay killed before it recorded its end is told from one still running
+    (``console_replays_recent``). Its release unlocks it: asyncpg resets a connection's
+    advisory locks when it returns to the pool.
+    """
+    async with pool.acquire() as holder:
+        yield int(await holder.fetchval(q("replay_started"), source, operator, filters))
+
+
+async def replay_progress(
+    executor: Executor, replay_id: int, selected: int, replayed: int, dropped: int = 0
+) -> None:
+    """Record what a replay (or drop) has done so far (its counts if it is killed)."""
+    await executor.execute(q("replay_progress"), replay_id, selected, replayed, dropped)
 
 
 async def replay_finished(

@@ -734,7 +734,19 @@ WHERE d.id = locked.id AND d.state = 'dead'
 RETURNING d.id, d.urgent;
 
 -- name: replay_started
-INSERT INTO replays (source, operator, filters) VALUES ($1, $2, $3) RETURNING id;
+-- An applied replay's (or drop's) session locks its row's id, in the statement that makes
+-- the row visible, as start_run does: a row not finished whose lock no session holds is a
+-- replay that ended without recording its end (console_replays_recent says so).
+WITH started AS (
+    INSERT INTO replays (source, operator, filters) VALUES ($1, $2, $3) RETURNING id
+)
+SELECT id, pg_advisory_lock(72177029, (id % 2147483647)::int) FROM started;
+
+-- name: replay_progress
+-- What a replay (or drop) has done so far, recorded as it goes: a replay that is killed
+-- leaves the counts of its last page, not zeros.
+UPDATE replays SET selected = $2, replayed = $3, dropped = $4
+WHERE id = $1 AND finished_at IS NULL;
 
 -- name: replay_finished
 UPDATE replays SET selected = $2, replayed = $3, interrupted = $4, finished_at = now()
@@ -1066,10 +1078,18 @@ LIMIT $4;
 SELECT count(*) FROM deliveries WHERE state = 'dead';
 
 -- name: console_replays_recent
-SELECT id, source, operator, filters, selected, replayed, started_at, finished_at,
-       interrupted
-FROM replays
-ORDER BY id DESC
+-- killed: not finished, and no session holds its lock (replay_started): its process is
+-- gone, and its counts are those it last recorded (replay_progress).
+SELECT r.id, r.source, r.operator, r.filters, r.selected, r.replayed, r.dropped,
+       r.started_at, r.finished_at, r.interrupted,
+       r.finished_at IS NULL AND NOT EXISTS (
+           SELECT 1 FROM pg_locks AS l
+           WHERE l.locktype = 'advisory' AND l.database = (
+                     SELECT oid FROM pg_database WHERE datname = current_database())
+             AND l.classid = 72177029 AND l.objid = (r.id % 2147483647)::oid
+             AND l.objsubid = 2 AND l.granted) AS killed
+FROM replays AS r
+ORDER BY r.id DESC
 LIMIT $1;
 
 -- name: console_destinations

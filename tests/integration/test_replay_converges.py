@@ -6,9 +6,12 @@ ledger replay is safe beside running consumers, and the dry run reports exactly 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -16,6 +19,7 @@ import pytest
 from publisher import replay as replay_mod
 from service import amqp, messages
 from service.ops import partner as partner_mod
+from service.ops.console import data as console_data
 from service.settings import Settings
 from tests.support import broker, forked
 from tests.support import relay as rs
@@ -290,12 +294,13 @@ async def test_a_dead_row_with_two_dead_letters_is_replayed_once_and_the_dry_run
     assert (dry_numbers == apply_numbers, waiting) == (True, 1), (dry_numbers, apply_numbers)
 
 
-async def test_a_ledger_replay_stopped_by_sigterm_records_what_it_did_and_that_it_was_stopped(
+@contextlib.asynccontextmanager
+async def _replay_waiting_on_its_second_page(
     settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
-) -> None:
-    """Two pages of dead rows; the second page's reset waits on a row someone holds, and
-    SIGTERM comes then. The first page stays replayed, the second dead; the audit row and
-    the summary both say 500 replayed and interrupted (before: killed, 0 and never ended)."""
+) -> AsyncIterator[forked.RelayProcess]:
+    """Two pages of dead rows and ``relay replay --from ledger --apply`` on them, yielded
+    once its first page is replayed and its second page's reset waits on a row the test
+    holds (the row is let go when the block ends)."""
     partner.state.rules["broken"] = partner_mod.PathRule(status=400)
     n = replay_mod.PAGE + 100
     await rs.load(pool, [rs.line(f"d{i}", partner.url("broken")) for i in range(n)])
@@ -321,11 +326,26 @@ async def test_a_ledger_replay_stopped_by_sigterm_records_what_it_did_and_that_i
             return bool(waiting) and (await rs.states(pool)).get("queued") == replay_mod.PAGE
 
         await rs.wait_for(second_page_waits, 60, "the second page's reset waiting")
-        replay.send_signal(signal.SIGTERM)
-        out, err = (b.decode() for b in await asyncio.wait_for(replay.communicate(), 60))
-        await held.rollback()
+        try:
+            yield replay
+        finally:
+            if replay.returncode is None:
+                replay.kill()
+                await replay.wait()
+            await held.rollback()
     finally:
         await holder.close()
+
+
+async def test_a_ledger_replay_stopped_by_sigterm_records_what_it_did_and_that_it_was_stopped(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    """Two pages of dead rows; the second page's reset waits on a row someone holds, and
+    SIGTERM comes then. The first page stays replayed, the second dead; the audit row and
+    the summary both say 500 replayed and interrupted (before: killed, 0 and never ended)."""
+    async with _replay_waiting_on_its_second_page(settings, pool, partner) as replay:
+        replay.send_signal(signal.SIGTERM)
+        out, err = (b.decode() for b in await asyncio.wait_for(replay.communicate(), 60))
     assert replay.returncode == 1, out + err[-2000:]
     assert _numbers(out)["replayed"] == replay_mod.PAGE and "interrupted by a signal" in out, out
     audit = await pool.fetchrow(
@@ -338,3 +358,43 @@ async def test_a_ledger_replay_stopped_by_sigterm_records_what_it_did_and_that_i
         True,
     )
     assert await rs.states(pool) == {"queued": replay_mod.PAGE, "dead": 100}
+
+
+async def test_a_killed_ledger_replay_leaves_its_counts_so_far_and_the_console_says_killed(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    """The same replay, SIGKILLed while its second page waits. While it runs, the console
+    shows it running with its first page's counts; once its process is gone, it shows it
+    killed with those counts (before: 0 selected, 0 replayed, "not finished" for ever)."""
+    async with _replay_waiting_on_its_second_page(settings, pool, partner) as replay:
+        [running] = (await console_data.dead(pool, None, None))["replays"]
+        replay.kill()
+        await replay.wait()
+
+    async def shown() -> dict[str, Any]:
+        [replay_row] = (await console_data.dead(pool, None, None))["replays"]
+        return cast(dict[str, Any], replay_row)
+
+    async def seen_killed() -> bool:
+        return bool((await shown())["killed"])
+
+    await rs.wait_for(seen_killed, 30, "the replay shown as killed")
+    killed = await shown()
+    assert (running["killed"], running["selected"], running["replayed"]) == (
+        False,
+        replay_mod.PAGE,
+        replay_mod.PAGE,
+    )
+    assert (killed["selected"], killed["replayed"], killed["finished_at"]) == (
+        replay_mod.PAGE,
+        replay_mod.PAGE,
+        None,
+    )
+    # The killed process's waiting reset still runs once the row is let go (PostgreSQL does
+    # not notice a vanished client during a lock wait, unless client_connection_check_
+    # interval is set): its rows are then pending, for the next publish run to send.
+    left = await rs.states(pool)
+    assert left in (
+        {"queued": replay_mod.PAGE, "dead": 100},
+        {"queued": replay_mod.PAGE, "pending": 100},
+    )

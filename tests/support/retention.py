@@ -29,7 +29,7 @@ from service import (
     suppressions,
 )
 from service.db import q
-from service.ledger import Attempt, Completion, State, admission, publish_runs, replays, sending
+from service.ledger import Attempt, Completion, State, admission, publish_runs, sending
 from service.receipt_events import ReceiptEvent
 from service.settings import Settings
 from tests.support import relay as rs
@@ -286,8 +286,11 @@ async def _audit(conn: ledger.Connection, run_id: int, now: datetime) -> None:
         await conn.execute(q("destination_action_record"), HOOK + "events", "disable", "oncall",
                            "x", {})  # fmt: skip
         await conn.execute("UPDATE destination_actions SET at = $1 WHERE at > $1", at)
-        replay = await replays.replay_started(conn, "ledger", "oncall", {})
-        await conn.execute("UPDATE replays SET started_at = $2 WHERE id = $1", replay, at)
+        await conn.execute(
+            "INSERT INTO replays (source, operator, filters, started_at, finished_at)"
+            " VALUES ('ledger', 'oncall', '{}', $1, $1)",
+            at,
+        )
         await conn.execute(q("console_reveal_record"), "oncall", "/runs", at)
         ends = now + timedelta(hours=1) if days == 10 else at + timedelta(hours=12)
         await conn.execute(q("console_session_open"), hashlib.sha256(str(days).encode()).digest(),
