@@ -93,7 +93,7 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
             apply=args.apply,
         )
         print(_json(dropped.as_dict()) if args.json else dropped.render())
-        return errors.ExitCode.OK
+        return errors.ExitCode.INCOMPLETE if dropped.interrupted else errors.ExitCode.OK
     telem = telemetry.setup("relay-replay")
     try:
         summary = await replay_mod.run(

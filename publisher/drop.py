@@ -14,6 +14,7 @@ Like a replay, it reads at most what the queue held when it began.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
 from publisher.dead_queue import DeadLetterRead
-from service import amqp, db, logs, messages
+from service import amqp, db, logs, messages, signals
 from service.ledger import replays
 from service.settings import Settings
 
@@ -40,6 +41,7 @@ class DropSummary:
     unknown: int = 0
     matched: int = 0
     kept: int = 0  # handed back to the queue
+    interrupted: bool = False  # stopped by SIGTERM or SIGINT: the counts are what it did
     sample: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -54,6 +56,10 @@ class DropSummary:
         )
         if self.sample:
             text += f"\n  delivery ids: {', '.join(map(str, self.sample))}"
+        if self.interrupted:
+            text += (
+                "\n  interrupted by a signal: the counts are what it did; run it again for the rest"
+            )
         if not self.apply:
             text += "\n  dry run: nothing changed; add --apply to do it"
         return text
@@ -113,7 +119,9 @@ async def drop(
     limit: int,
     apply: bool,
 ) -> DropSummary:
-    """Composition root of ``relay replay --from queue --drop``."""
+    """Composition root of ``relay replay --from queue --drop``. SIGTERM or SIGINT stop
+    it between dead letters; its record (if applied) gets its counts so far and
+    ``interrupted``, and so does the summary."""
     summary = DropSummary(apply)
     async with contextlib.AsyncExitStack() as stack:
         pool = await db.create_pool(settings, size=2)
@@ -132,30 +140,52 @@ async def drop(
             audit = await stack.enter_async_context(
                 replays.recorded(pool, "drop", operator, _jsonable(record))
             )
-        try:
-            async for message in read.letters():
-                summary.selected += 1
-                if audit is not None and summary.selected % _PROGRESS_EVERY == 0:
-                    # Counted up to the letter before this one (a killed drop's record).
-                    done = summary.selected - 1
-                    await replays.replay_progress(pool, audit, done, 0, summary.dropped)
-                if await _judge(pool, message, filters, states_given, summary):
-                    summary.dropped += 1
-                    if apply:
-                        await message.ack()
-                        continue
-                else:
-                    summary.kept += 1
-                read.hold(message)
-        finally:
-            await read.close()
+        with signals.cancelling_on_signals():
+            await _drop_letters(read, pool, audit, filters, states_given, summary)
         if audit is not None:
-            await replays.drop_finished(pool, audit, summary.selected, summary.dropped)
+            await replays.drop_finished(
+                pool, audit, summary.selected, summary.dropped, interrupted=summary.interrupted
+            )
             log.info(
                 "dead letters dropped",
                 extra={"event": "replay_dropped", "replay_id": audit, "dropped": summary.dropped},
             )
     return summary
+
+
+async def _drop_letters(
+    read: DeadLetterRead,
+    pool: asyncpg.Pool,
+    audit: int | None,
+    filters: replays.ReplayFilter,
+    states_given: bool,
+    summary: DropSummary,
+) -> None:
+    """Judge each dead letter the read yields: ack it (``audit``: an applied drop) or hand
+    it back; recorded every ``_PROGRESS_EVERY`` letters, so a killed drop leaves its counts."""
+    try:
+        async for message in read.letters():
+            summary.selected += 1
+            if audit is not None and summary.selected % _PROGRESS_EVERY == 0:
+                # Counted up to the letter before this one.
+                done = summary.selected - 1
+                await replays.replay_progress(pool, audit, done, 0, summary.dropped)
+            if not await _judge(pool, message, filters, states_given, summary):
+                summary.kept += 1
+                read.hold(message)
+                continue
+            if audit is not None:
+                await message.ack()
+            else:
+                read.hold(message)  # a dry run drops nothing
+            summary.dropped += 1
+    except asyncio.CancelledError:
+        # The letter being judged was neither acked nor held: the broker returns it when
+        # the channel closes, and it counts as read but not dropped.
+        summary.interrupted = True
+        raise
+    finally:
+        await read.close()
 
 
 def _jsonable(record: dict[str, Any]) -> dict[str, Any]:

@@ -96,6 +96,8 @@ async def delivery_for_drop(executor: Executor, delivery_id: int) -> asyncpg.Rec
     return row
 
 
-async def drop_finished(executor: Executor, audit_id: int, selected: int, dropped: int) -> None:
+async def drop_finished(
+    executor: Executor, audit_id: int, selected: int, dropped: int, *, interrupted: bool
+) -> None:
     """Record how a drop of dead letters ended (in ``replays``, source ``drop``)."""
-    await executor.execute(q("replay_dropped"), audit_id, selected, dropped)
+    await executor.execute(q("replay_dropped"), audit_id, selected, dropped, interrupted)

@@ -1397,7 +1397,8 @@ WHERE run_id = ANY($1::bigint[])
 GROUP BY run_id, channel, state;
 
 -- name: replay_dropped
-UPDATE replays SET selected = $2, dropped = $3, finished_at = now() WHERE id = $1;
+UPDATE replays SET selected = $2, dropped = $3, interrupted = $4, finished_at = now()
+WHERE id = $1;
 
 -- name: admission_state
 SELECT paused, changed_at, changed_by FROM admission;

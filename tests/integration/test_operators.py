@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import pty
+import signal
 from datetime import UTC, datetime, timedelta
 
 import aio_pika
@@ -17,7 +18,7 @@ import asyncpg
 from service import amqp, messages, outbox
 from service.ops import partner as partner_mod
 from service.settings import Settings
-from tests.support import forked
+from tests.support import broker, forked
 from tests.support import relay as rs
 from tests.support.relay import RunningPartner
 
@@ -265,6 +266,61 @@ async def test_replay_drop_acknowledges_undecodable_and_unknown_dead_letters_onl
 
 async def _eq(probe, expected: int) -> bool:  # type: ignore[no-untyped-def]
     return bool(await probe() == expected)
+
+
+async def test_replay_drop_stopped_by_sigterm_records_what_it_dropped_and_that_it_was_stopped(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """Three dead letters: an undecodable one (dropped), then two whose lookup waits on a
+    table the test locks, and SIGTERM comes then. The drop exits 1 saying it was
+    interrupted; its record says 1 dropped, 2 read, ended, interrupted; the two letters it
+    did not drop are back in the queue (before: killed, its record 0 and never ended)."""
+    await broker.declare(settings)
+    topology = amqp.Topology.from_settings(settings)
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        for body in (b"not json at all", messages.encode(987654), messages.encode(987655)):
+            await channel.default_exchange.publish(
+                aio_pika.Message(body), routing_key=topology.dead_queue
+            )
+
+        async def depth() -> int:
+            queue = await channel.declare_queue(topology.dead_queue, passive=True)
+            return queue.declaration_result.message_count or 0
+
+        await rs.wait_for(lambda: _eq(depth, 3), 10, "three dead letters")
+        locker = await asyncpg.connect(settings.database_url.get_secret_value())
+        try:
+            locked = locker.transaction()
+            await locked.start()
+            await locker.execute("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
+            env = rs.env_for(settings)
+            args = ["replay", "--drop", "--apply", "--operator", "ana"]
+            drop = await forked.spawn(args, env, stdout=forked.PIPE, stderr=forked.PIPE)
+
+            async def lookup_waits() -> bool:
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()"
+                    )
+                )
+
+            await rs.wait_for(lookup_waits, 60, "the drop's lookup waiting")
+            drop.send_signal(signal.SIGTERM)
+            out, err = (b.decode() for b in await asyncio.wait_for(drop.communicate(), 60))
+            await locked.rollback()
+        finally:
+            await locker.close()
+        assert drop.returncode == 1, out + err[-2000:]
+        assert "selected=2 dropped=1" in out and "interrupted by a signal" in out, out
+        audit = await pool.fetchrow(
+            "SELECT source, selected, dropped, interrupted, finished_at IS NOT NULL AS ended"
+            " FROM replays"
+        )
+        assert tuple(audit) == ("drop", 2, 1, True, True)
+        await rs.wait_for(lambda: _eq(depth, 2), 10, "the two letters not dropped back")
 
 
 async def test_load_shows_progress_on_a_terminal_and_only_the_summary_otherwise(
