@@ -19,6 +19,8 @@ on the spike itself, between 10 % and 90 % delivered).
     .venv/bin/python bench/lateness.py --steady 6000 --spike 2000   # a quick look
 
 Targets (issue 17): steady p99 <= 2 s and p50 <= 0.5 s; spike last <= size / rate + 2 s.
+Issue 30 raised the steady p99 to <= 1 s, with the publish run at the consumer's CPU
+priority (the default here), and nothing early: no request started before its due time.
 """
 
 from __future__ import annotations
@@ -109,6 +111,14 @@ async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
         "SELECT reminder_id, extract(epoch FROM finished_at - occurrence_at)::float8 AS late,"
         " finished_at, occurrence_at FROM deliveries WHERE state = 'delivered'"
     )
+    # Early: a request started before its due time (the first attempt's start, not the
+    # acceptance, which comes later).
+    early = await pool.fetchval(
+        "SELECT count(*) FROM deliveries AS d JOIN delivery_attempts AS a"
+        " ON a.delivery_id = d.id WHERE a.started_at < d.occurrence_at"
+    )
+    verdict = "met" if not early else "MISSED"
+    print(f"early (a request started before its due time): {early} ({verdict})")
     steady_rows = [r for r in rows if r["reminder_id"].startswith("steady")]
     steady_late = sorted(r["late"] for r in steady_rows)
     spike_rows = [r for r in rows if r["reminder_id"].startswith("spike")]
@@ -117,9 +127,11 @@ async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
         p50, p95 = _percentile(steady_late, 0.5), _percentile(steady_late, 0.95)
         p99 = _percentile(steady_late, 0.99)
         verdict = "met" if p50 <= 0.5 and p99 <= 2.0 else "MISSED"
+        raised = "met" if p99 <= 1.0 else "MISSED"
         print(
             f"steady ({len(steady_late)} of {steady}): p50 {p50:.3f} s, p95 {p95:.3f} s, "
-            f"p99 {p99:.3f} s, max {steady_late[-1]:.3f} s (p50 <= 0.5, p99 <= 2: {verdict})"
+            f"p99 {p99:.3f} s, max {steady_late[-1]:.3f} s (issue 17, p50 <= 0.5 and "
+            f"p99 <= 2: {verdict}; issue 30, p99 <= 1: {raised})"
         )
         _by_due_time(steady_rows)
     if spike_rows:
@@ -132,6 +144,10 @@ async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
             f"spike ({len(spike_rows)} of {spike}): last delivery {last:.2f} s after due; "
             f"drain rate {rate:.0f}/s, size / rate + 2 = {bound:.2f} s ({verdict}); "
             f"median {spike_rows[len(spike_rows) // 2]['late']:.2f} s"
+        )
+        print(
+            f"   spike lateness at the first, 10 %, 90 % and last delivery: "
+            f"{spike_rows[0]['late']:.2f}, {a['late']:.2f}, {b['late']:.2f}, {last:.2f} s"
         )
 
 
