@@ -27,6 +27,13 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A deployed relay runs from compiled bytecode (the image's pip install writes it). With
+# PYTHONDONTWRITEBYTECODE set in the shell (some shells and images set it) and a venv
+# installed by uv (which writes no .pyc), every process a bench starts would compile each
+# module it imports again: ~0.37 CPU-s per `relay publish` start here, which the relay's
+# side pays and a yardstick importing only aio-pika barely does. The first run writes them.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
