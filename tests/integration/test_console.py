@@ -5,8 +5,10 @@ the pages and /api/v1 show the ledger's facts."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import aiohttp
 import asyncpg
@@ -352,3 +354,50 @@ async def test_the_dead_letter_queue_is_replayed_dry_run_first_and_drains(
 
 async def _equals(read: Callable[[], Awaitable[int]], expected: int) -> bool:
     return await read() == expected
+
+
+async def test_more_replays_at_once_than_the_pool_has_connections_all_end_and_pages_answer(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    """Five applied replays posted at once while the test holds the ``replays`` table, so
+    each waits on its first statement. An applied replay holds a pooled connection for its
+    liveness lock: five at once on the console's pool of four took every connection and
+    then waited for one of their own (before, they never ended, nor did any page). Now they
+    run one at a time, a page answers meanwhile, and all five end, recorded."""
+    auth = cs.bearer("ops-bot")
+    async with rs.consumer_in_process(settings):
+        failed = await cs.run_with_failures(settings, pool, partner)
+        async with cs.console(settings) as c, cs.client(headers=auth) as http:
+            holder = await asyncpg.connect(settings.database_url.get_secret_value())
+            try:
+                held = holder.transaction()
+                await held.start()
+                await holder.execute("LOCK TABLE replays IN EXCLUSIVE MODE")
+
+                async def replay() -> dict[str, int]:
+                    body = {"run_id": failed.run_id, "apply": True, "reason": "at once"}
+                    async with http.post(f"{c.url}/api/v1/replay", json=body) as answer:
+                        assert answer.status == 200, await answer.text()
+                        return cast(dict[str, int], await answer.json())
+
+                replays = [asyncio.ensure_future(replay()) for _ in range(5)]
+
+                async def a_replay_waits() -> bool:
+                    return bool(
+                        await pool.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type ="
+                            " 'Lock' AND datname = current_database()"
+                        )
+                    )
+
+                await rs.wait_for(a_replay_waits, 30, "a replay waiting on the table")
+                await asyncio.sleep(1.0)  # time for the others to take what they would take
+                async with http.get(f"{c.url}/api/v1/runs") as answer:
+                    assert answer.status == 200
+                await held.rollback()
+                answers = await asyncio.wait_for(asyncio.gather(*replays), 60)
+            finally:
+                await holder.close()
+    assert sorted(a["replayed"] for a in answers) == [0, 0, 0, 0, 2]
+    ended = await pool.fetchval("SELECT count(*) FROM replays WHERE finished_at IS NOT NULL")
+    assert ended == 5

@@ -49,7 +49,11 @@ def make_replay(
     topology: amqp.Topology,
     metrics: telemetry.Metrics,
 ) -> actions.Replay:
-    """The console's replay: ``publisher.replay``'s, one ``Replayer`` per request."""
+    """The console's replay: ``publisher.replay``'s, one ``Replayer`` per request, one
+    request at a time: an applied replay holds a pooled connection for its liveness lock
+    (``service.ledger.replays.recorded``), and as many replays at once as the pool has
+    connections would leave their own statements none."""
+    one_at_a_time = asyncio.Lock()
 
     async def replay(
         source: str,
@@ -63,15 +67,16 @@ def make_replay(
             pool=pool, publisher=publisher, metrics=metrics, operator=operator, reason=reason
         )
         result: actions.ReplayResult
-        if source == "ledger":
-            result = await replayer.from_ledger(filters, limit=limit, apply=apply)
+        async with one_at_a_time:
+            if source == "ledger":
+                result = await replayer.from_ledger(filters, limit=limit, apply=apply)
+                return result
+            channel = await connection.channel()
+            try:
+                result = await replayer.from_queue(topology, channel, limit=limit, apply=apply)
+            finally:
+                await channel.close()
             return result
-        channel = await connection.channel()
-        try:
-            result = await replayer.from_queue(topology, channel, limit=limit, apply=apply)
-        finally:
-            await channel.close()
-        return result
 
     return replay
 
