@@ -383,12 +383,7 @@ async def test_more_replays_at_once_than_the_pool_has_connections_all_end_and_pa
                 replays = [asyncio.ensure_future(replay()) for _ in range(5)]
 
                 async def a_replay_waits() -> bool:
-                    return bool(
-                        await pool.fetchval(
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type ="
-                            " 'Lock' AND datname = current_database()"
-                        )
-                    )
+                    return await rs.lock_waiters(pool) > 0
 
                 await rs.wait_for(a_replay_waits, 30, "a replay waiting on the table")
                 await asyncio.sleep(1.0)  # time for the others to take what they would take

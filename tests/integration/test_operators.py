@@ -10,10 +10,12 @@ import json
 import os
 import pty
 import signal
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import aio_pika
 import asyncpg
+from aio_pika.abc import AbstractChannel
 
 from service import amqp, messages, outbox
 from service.ops import partner as partner_mod
@@ -238,15 +240,7 @@ async def test_replay_drop_acknowledges_undecodable_and_unknown_dead_letters_onl
     connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
     async with connection:
         channel = await connection.channel()
-        for body in (b"not json at all", messages.encode(987654)):
-            await channel.default_exchange.publish(
-                aio_pika.Message(body), routing_key=topology.dead_queue
-            )
-
-        async def depth() -> int:
-            queue = await channel.declare_queue(topology.dead_queue, passive=True)
-            return queue.declaration_result.message_count or 0
-
+        depth = await _dead_letters(channel, topology, b"not json at all", messages.encode(987654))
         await rs.wait_for(lambda: _eq(depth, 3), 10, "three dead letters")
         dry = await _json(settings, "replay", "--drop")
         assert (dry["dropped"], dry["undecodable"], dry["unknown"], dry["kept"]) == (2, 1, 1, 1)
@@ -268,6 +262,22 @@ async def _eq(probe, expected: int) -> bool:  # type: ignore[no-untyped-def]
     return bool(await probe() == expected)
 
 
+async def _dead_letters(
+    channel: AbstractChannel, topology: amqp.Topology, *bodies: bytes
+) -> Callable[[], Awaitable[int]]:
+    """Put ``bodies`` on the dead-letter queue; how to read its depth."""
+    for body in bodies:
+        await channel.default_exchange.publish(
+            aio_pika.Message(body), routing_key=topology.dead_queue
+        )
+
+    async def depth() -> int:
+        queue = await channel.declare_queue(topology.dead_queue, passive=True)
+        return queue.declaration_result.message_count or 0
+
+    return depth
+
+
 async def test_replay_drop_stopped_by_sigterm_records_what_it_dropped_and_that_it_was_stopped(
     settings: Settings, pool: asyncpg.Pool
 ) -> None:
@@ -280,15 +290,8 @@ async def test_replay_drop_stopped_by_sigterm_records_what_it_dropped_and_that_i
     connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
     async with connection:
         channel = await connection.channel()
-        for body in (b"not json at all", messages.encode(987654), messages.encode(987655)):
-            await channel.default_exchange.publish(
-                aio_pika.Message(body), routing_key=topology.dead_queue
-            )
-
-        async def depth() -> int:
-            queue = await channel.declare_queue(topology.dead_queue, passive=True)
-            return queue.declaration_result.message_count or 0
-
+        bodies = (b"not json at all", messages.encode(987654), messages.encode(987655))
+        depth = await _dead_letters(channel, topology, *bodies)
         await rs.wait_for(lambda: _eq(depth, 3), 10, "three dead letters")
         locker = await asyncpg.connect(settings.database_url.get_secret_value())
         try:
@@ -300,12 +303,7 @@ async def test_replay_drop_stopped_by_sigterm_records_what_it_dropped_and_that_i
             drop = await forked.spawn(args, env, stdout=forked.PIPE, stderr=forked.PIPE)
 
             async def lookup_waits() -> bool:
-                return bool(
-                    await pool.fetchval(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND datname = current_database()"
-                    )
-                )
+                return await rs.lock_waiters(pool) > 0
 
             await rs.wait_for(lookup_waits, 60, "the drop's lookup waiting")
             drop.send_signal(signal.SIGTERM)

@@ -319,10 +319,7 @@ async def _replay_waiting_on_its_second_page(
         replay = await forked.spawn(args, env, stdout=forked.PIPE, stderr=forked.PIPE)
 
         async def second_page_waits() -> bool:
-            waiting = await pool.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND datname = current_database()"
-            )
+            waiting = await rs.lock_waiters(pool)
             return bool(waiting) and (await rs.states(pool)).get("queued") == replay_mod.PAGE
 
         await rs.wait_for(second_page_waits, 60, "the second page's reset waiting")

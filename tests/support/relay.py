@@ -240,3 +240,13 @@ async def load(pool: asyncpg.Pool, lines: list[str]) -> int:
 async def states(pool: asyncpg.Pool) -> dict[str, int]:
     rows = await pool.fetch("SELECT state::text AS s, count(*) AS n FROM deliveries GROUP BY 1")
     return {r["s"]: r["n"] for r in rows}
+
+
+async def lock_waiters(pool: asyncpg.Pool) -> int:
+    """How many sessions of this database wait on a lock (a statement a test holds back)."""
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"
+        )
+    )
