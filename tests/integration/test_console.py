@@ -362,8 +362,9 @@ async def test_more_replays_at_once_than_the_pool_has_connections_all_end_and_pa
     """Five applied replays posted at once while the test holds the ``replays`` table, so
     each waits on its first statement. An applied replay holds a pooled connection for its
     liveness lock: five at once on the console's pool of four took every connection and
-    then waited for one of their own (before, they never ended, nor did any page). Now they
-    run one at a time, a page answers meanwhile, and all five end, recorded."""
+    then waited for one of their own (before: a timeout failed them, HTTP 504, and pages
+    waited too). Now they run one at a time, a page answers meanwhile, and all five end,
+    recorded."""
     auth = cs.bearer("ops-bot")
     async with rs.consumer_in_process(settings):
         failed = await cs.run_with_failures(settings, pool, partner)
