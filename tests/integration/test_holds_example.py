@@ -80,11 +80,7 @@ async def _run_worker(settings: Settings, *args: str, **env: str) -> rs.Result:
 
 
 async def _waiting_on_a_lock(pool: asyncpg.Pool) -> bool:
-    waiting = await pool.fetchval(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    )
-    return bool(waiting)
+    return await rs.lock_waiters(pool) > 0
 
 
 async def test_two_workers_at_once_expire_101_due_holds_each_once_with_one_intent(
