@@ -156,8 +156,14 @@ async def test_with_consumers_down_repeated_publish_runs_keep_messages_within_ow
     await rs.load(pool, [rs.line(f"r{i}", partner.url()) for i in range(50)])
     assert (await rs.relay(settings, "publish")).code == 0
     assert await broker.purge(settings, broker.lanes_and_tiers(settings)) == 50
-    # Their messages are gone; the ledger still owes all 50.
-    await pool.execute("UPDATE deliveries SET published_at = now() - interval '1 hour'")
+    # Their messages are gone; the ledger still owes all 50, overdue since an hour ago. Their
+    # due time goes back too: rescue waits rescue_after past the later of the two, and the
+    # six runs below can all end within a second of the load (they did once, and none
+    # rescued).
+    await pool.execute(
+        "UPDATE deliveries SET published_at = now() - interval '1 hour',"
+        " occurrence_at = now() - interval '1 hour'"
+    )
     late = [rs.line(f"late{i}", partner.url(), due_at=None) for i in range(20)]
     await rs.load(pool, late)  # due now: the next run admits them
 
