@@ -368,32 +368,34 @@ async def test_more_replays_at_once_than_the_pool_has_connections_all_end_and_pa
     auth = cs.bearer("ops-bot")
     async with rs.consumer_in_process(settings):
         failed = await cs.run_with_failures(settings, pool, partner)
-        async with cs.console(settings) as c, cs.client(headers=auth) as http:
-            holder = await asyncpg.connect(settings.database_url.get_secret_value())
-            try:
-                held = holder.transaction()
-                await held.start()
-                await holder.execute("LOCK TABLE replays IN EXCLUSIVE MODE")
+    # No consumer from here on: a replayed row stays queued, so exactly one replay finds
+    # the two dead rows (with one running, they could die again before the next).
+    async with cs.console(settings) as c, cs.client(headers=auth) as http:
+        holder = await asyncpg.connect(settings.database_url.get_secret_value())
+        try:
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("LOCK TABLE replays IN EXCLUSIVE MODE")
 
-                async def replay() -> dict[str, int]:
-                    body = {"run_id": failed.run_id, "apply": True, "reason": "at once"}
-                    async with http.post(f"{c.url}/api/v1/replay", json=body) as answer:
-                        assert answer.status == 200, await answer.text()
-                        return cast(dict[str, int], await answer.json())
+            async def replay() -> dict[str, int]:
+                body = {"run_id": failed.run_id, "apply": True, "reason": "at once"}
+                async with http.post(f"{c.url}/api/v1/replay", json=body) as answer:
+                    assert answer.status == 200, await answer.text()
+                    return cast(dict[str, int], await answer.json())
 
-                replays = [asyncio.ensure_future(replay()) for _ in range(5)]
+            replays = [asyncio.ensure_future(replay()) for _ in range(5)]
 
-                async def a_replay_waits() -> bool:
-                    return await rs.lock_waiters(pool) > 0
+            async def a_replay_waits() -> bool:
+                return await rs.lock_waiters(pool) > 0
 
-                await rs.wait_for(a_replay_waits, 30, "a replay waiting on the table")
-                await asyncio.sleep(1.0)  # time for the others to take what they would take
-                async with http.get(f"{c.url}/api/v1/runs") as answer:
-                    assert answer.status == 200
-                await held.rollback()
-                answers = await asyncio.wait_for(asyncio.gather(*replays), 60)
-            finally:
-                await holder.close()
+            await rs.wait_for(a_replay_waits, 30, "a replay waiting on the table")
+            await asyncio.sleep(1.0)  # time for the others to take what they would take
+            async with http.get(f"{c.url}/api/v1/runs") as answer:
+                assert answer.status == 200
+            await held.rollback()
+            answers = await asyncio.wait_for(asyncio.gather(*replays), 60)
+        finally:
+            await holder.close()
     assert sorted(a["replayed"] for a in answers) == [0, 0, 0, 0, 2]
     ended = await pool.fetchval("SELECT count(*) FROM replays WHERE finished_at IS NOT NULL")
     assert ended == 5
