@@ -11,6 +11,7 @@ connect, declare the topology (``service/amqp.py``), open the confirming channel
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from service.settings import Settings
 
 # A delivery due sooner than this goes straight to its lane.
 _DUE_NOW_SECONDS = 0.005
+_PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)
 
 
 class ConfirmedPublisher:
@@ -46,6 +48,9 @@ class ConfirmedPublisher:
         self._timer_in_flight = asyncio.Semaphore(min(max_in_flight, timer_max_in_flight))
         self._timeout = confirm_timeout_seconds
         self._exchanges: dict[str, AbstractExchange] = {}
+        # aiormq matches a returned (unroutable) message to its publish by its message id,
+        # and draws a random UUID for each publish that comes without one.
+        self._message_ids = map("relay-{}".format, itertools.count(1))
         self.blocked: alarms.Blocked | None = None  # set: time blocked is not confirm time
 
     @classmethod
@@ -133,18 +138,18 @@ class ConfirmedPublisher:
         ladder, each with the wait left when it goes out."""
         ids: list[int] = []
         tasks: list[asyncio.Task[None]] = []
+        table: aiormq.abc.FieldTable = dict(headers or {})
+        channel = await self._underlay()
         for delivery_id, urgent, *due in items:
             ids.append(delivery_id)
-            tasks.append(
-                asyncio.ensure_future(
-                    self.publish_due(
-                        delivery_id,
-                        urgent=urgent,
-                        due_in_seconds=due[0] if due else 0.0,
-                        headers=headers or {},
-                    )
+            in_seconds = due[0] if due else 0.0
+            if channel is not None and in_seconds <= _DUE_NOW_SECONDS:
+                work = self._publish_now(channel, delivery_id, amqp.lane_of(urgent), table)
+            else:
+                work = self.publish_due(
+                    delivery_id, urgent=urgent, due_in_seconds=in_seconds, headers=table
                 )
-            )
+            tasks.append(asyncio.ensure_future(work))
         results = await asyncio.gather(*tasks, return_exceptions=True)
         confirmed = [i for i, r in zip(ids, results, strict=True) if r is None]
         failed = [i for i, r in zip(ids, results, strict=True) if r is not None]
@@ -152,6 +157,44 @@ class ConfirmedPublisher:
             if isinstance(r, BaseException) and not isinstance(r, Exception):
                 raise r  # never swallow cancellation
         return confirmed, failed
+
+    async def _underlay(self) -> aiormq.abc.AbstractChannel | None:
+        """The channel's aiormq channel, or None once it is closed (each publish then
+        fails on its own, as on the way through aio-pika)."""
+        try:
+            return await self._channel.get_underlay_channel()
+        except (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError):
+            return None
+
+    async def _publish_now(
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        delivery_id: int,
+        lane: str,
+        headers: aiormq.abc.FieldTable,
+    ) -> None:
+        """``publish_delivery`` straight on aiormq, aio-pika's own layer: the same frames
+        without an ``aio_pika.Message`` per publish. A publish run sends thousands a second,
+        and that object and its properties cost more CPU than the relay's own code around
+        them (issue 30)."""
+        properties = aiormq.spec.Basic.Properties(
+            content_type="application/json",
+            delivery_mode=_PERSISTENT,
+            headers=headers,
+            message_id=next(self._message_ids),
+        )
+        async with self._in_flight:
+            publishing = channel.basic_publish(
+                messages.encode(delivery_id),
+                exchange=self._topology.work_exchange,
+                routing_key=lane,
+                properties=properties,
+                mandatory=True,
+            )
+            try:
+                await alarms.confirmed(publishing, self._timeout, self.blocked)
+            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+                raise errors.PublishError(f"publish not confirmed: {type(exc).__name__}") from exc
 
     async def publish_delayed(
         self,

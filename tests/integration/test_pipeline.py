@@ -54,6 +54,9 @@ async def test_publish_creates_one_row_per_owed_occurrence_and_a_rerun_adds_none
         message = await queue.get()
         assert message is not None
         assert set(json.loads(message.body)) == {"v", "delivery_id"}
+        assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        assert message.content_type == "application/json"
+        assert "traceparent" in message.headers  # the run's trace
         await message.nack(requeue=True)
 
 
@@ -108,6 +111,43 @@ async def test_unreachable_broker_fails_the_run_and_leaves_rows_pending_for_the_
     again = await rs.relay(settings, "publish")
     assert again.code == 0, again.stderr
     assert {r["state"] for r in await _deliveries(pool)} == {"queued"}
+
+
+async def test_messages_the_broker_cannot_route_leave_their_rows_pending_for_the_next_run(
+    settings: Settings, pool: asyncpg.Pool, partner: RunningPartner
+) -> None:
+    await rs.load(pool, [rs.line(f"r{i}", partner.url()) for i in range(20)])
+    topology = amqp.Topology.from_settings(settings)
+    connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
+    async with connection:
+        channel = await connection.channel()
+        # The run declares the topology first, then admits: hold admission back, and take
+        # the bulk lane's binding away once the run has declared it.
+        async with pool.acquire() as holder, holder.transaction():
+            await holder.execute("LOCK TABLE deliveries IN EXCLUSIVE MODE")
+            run = asyncio.create_task(rs.relay(settings, "publish"))
+            await rs.wait_for(lambda: _waiting(pool), 30, "the run's admission waiting")
+            lane = await channel.get_queue(topology.lane_queue(amqp.BULK), ensure=False)
+            await lane.unbind(topology.work_exchange, amqp.BULK)
+        unroutable = await run
+        assert unroutable.code == 1, unroutable.stdout + unroutable.stderr
+        assert {r["state"] for r in await _deliveries(pool)} == {"pending"}
+        record = await pool.fetchrow("SELECT * FROM publish_runs")
+        assert (record["status"], record["published_count"], record["failed_count"]) == (
+            "incomplete",
+            0,
+            20,
+        )
+        lane = await channel.declare_queue(lane.name, passive=True)
+        assert lane.declaration_result.message_count == 0
+
+    again = await rs.relay(settings, "publish")  # declares the binding again
+    assert again.code == 0, again.stderr
+    assert {r["state"] for r in await _deliveries(pool)} == {"queued"}
+
+
+async def _waiting(pool: asyncpg.Pool) -> bool:
+    return await rs.lock_waiters(pool) > 0
 
 
 async def test_published_deliveries_are_delivered_once_with_the_ledger_key(
