@@ -160,9 +160,20 @@ async def main() -> None:
     parser.add_argument(
         "--publisher-nice", type=int, default=0, help="run relay publish under nice -n N"
     )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra setting for the consumer and the publish runs, e.g. prefetch=1000 "
+        "(RELAY_ prefix added)",
+    )
     args = parser.parse_args()
     print(f"lateness: {args.steady} steady over 60 s + {args.spike} at once; load {load_average()}")
     async with bench_env("lateness", keep_scratch=args.keep_logs) as env:
+        env.extra_env.update(
+            {f"RELAY_{k.upper()}": v for k, v in (kv.split("=", 1) for kv in args.env)}
+        )
         port = free_port()
         receiver = [sys.executable, str(Path(__file__).with_name("receiver.py"))]
         partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")
