@@ -298,8 +298,13 @@ class BenchEnv:
             }
         )
         env.update(self.extra_env)
-        env.update({f"RELAY_{k.upper()}": v for k, v in extra.items()})
+        env.update(relay_variables(extra))
         return env
+
+
+def relay_variables(settings: dict[str, str]) -> dict[str, str]:
+    """Settings by name (``prefetch``) as the environment variables (``RELAY_PREFETCH``)."""
+    return {f"RELAY_{k.upper()}": v for k, v in settings.items()}
 
 
 async def _admin(sql: str) -> None:

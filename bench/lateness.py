@@ -38,7 +38,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg
-from _common import RELAY, BenchEnv, bench_env, check, free_port, load_average, run_measured
+from _common import (
+    RELAY,
+    BenchEnv,
+    bench_env,
+    check,
+    free_port,
+    load_average,
+    relay_variables,
+    run_measured,
+)
 from drain import _spawn, _stop, _wait_port
 
 STEADY_SECONDS = 60.0
@@ -171,9 +180,7 @@ async def main() -> None:
     args = parser.parse_args()
     print(f"lateness: {args.steady} steady over 60 s + {args.spike} at once; load {load_average()}")
     async with bench_env("lateness", keep_scratch=args.keep_logs) as env:
-        env.extra_env.update(
-            {f"RELAY_{k.upper()}": v for k, v in (kv.split("=", 1) for kv in args.env)}
-        )
+        env.extra_env.update(relay_variables(dict(kv.split("=", 1) for kv in args.env)))
         port = free_port()
         receiver = [sys.executable, str(Path(__file__).with_name("receiver.py"))]
         partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
 import aio_pika
@@ -88,8 +88,11 @@ class ConfirmedPublisher:
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             headers=dict(headers),
         )
+        await self._confirmed(exchange.publish(message, routing_key, mandatory=True))
+
+    async def _confirmed(self, publishing: Awaitable[object]) -> None:
+        """Await a publish and its confirm (``alarms.confirmed``); PublishError if none."""
         try:
-            publishing = exchange.publish(message, routing_key, mandatory=True)
             await alarms.confirmed(publishing, self._timeout, self.blocked)
         except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
             raise errors.PublishError(f"publish not confirmed: {type(exc).__name__}") from exc
@@ -184,17 +187,15 @@ class ConfirmedPublisher:
             message_id=next(self._message_ids),
         )
         async with self._in_flight:
-            publishing = channel.basic_publish(
-                messages.encode(delivery_id),
-                exchange=self._topology.work_exchange,
-                routing_key=lane,
-                properties=properties,
-                mandatory=True,
+            await self._confirmed(
+                channel.basic_publish(
+                    messages.encode(delivery_id),
+                    exchange=self._topology.work_exchange,
+                    routing_key=lane,
+                    properties=properties,
+                    mandatory=True,
+                )
             )
-            try:
-                await alarms.confirmed(publishing, self._timeout, self.blocked)
-            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
-                raise errors.PublishError(f"publish not confirmed: {type(exc).__name__}") from exc
 
     async def publish_delayed(
         self,

@@ -385,10 +385,9 @@ async def test_more_replays_at_once_than_the_pool_has_connections_all_end_and_pa
 
             replays = [asyncio.ensure_future(replay()) for _ in range(5)]
 
-            async def a_replay_waits() -> bool:
-                return await rs.lock_waiters(pool) > 0
-
-            await rs.wait_for(a_replay_waits, 30, "a replay waiting on the table")
+            await rs.wait_for(
+                lambda: rs.waiting_on_a_lock(pool), 30, "a replay waiting on the table"
+            )
             await asyncio.sleep(1.0)  # time for the others to take what they would take
             async with http.get(f"{c.url}/api/v1/runs") as answer:
                 assert answer.status == 200

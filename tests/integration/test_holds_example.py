@@ -79,10 +79,6 @@ async def _run_worker(settings: Settings, *args: str, **env: str) -> rs.Result:
     return rs.Result(proc.returncode, out.decode(), err.decode())
 
 
-async def _waiting_on_a_lock(pool: asyncpg.Pool) -> bool:
-    return await rs.lock_waiters(pool) > 0
-
-
 async def test_two_workers_at_once_expire_101_due_holds_each_once_with_one_intent(
     settings: Settings, holds_pool: asyncpg.Pool
 ) -> None:
@@ -152,7 +148,7 @@ async def test_confirm_waits_for_an_expiry_holding_the_lock_then_finds_it_expire
     )
     await asyncio.wait_for(locked.wait(), 10)
     confirm = asyncio.create_task(holds.confirm_hold(holds_pool, hold_id))
-    await rs.wait_for(lambda: _waiting_on_a_lock(holds_pool), 10, "confirm blocked on the lock")
+    await rs.wait_for(lambda: rs.waiting_on_a_lock(holds_pool), 10, "confirm blocked on the lock")
     assert not confirm.done()
     release.set()
     assert await asyncio.wait_for(expiry, 10) == 1

@@ -302,10 +302,7 @@ async def test_replay_drop_stopped_by_sigterm_records_what_it_dropped_and_that_i
             args = ["replay", "--drop", "--apply", "--operator", "ana"]
             drop = await forked.spawn(args, env, stdout=forked.PIPE, stderr=forked.PIPE)
 
-            async def lookup_waits() -> bool:
-                return await rs.lock_waiters(pool) > 0
-
-            await rs.wait_for(lookup_waits, 60, "the drop's lookup waiting")
+            await rs.wait_for(lambda: rs.waiting_on_a_lock(pool), 60, "the drop's lookup waiting")
             drop.send_signal(signal.SIGTERM)
             out, err = (b.decode() for b in await asyncio.wait_for(drop.communicate(), 60))
             await locked.rollback()

@@ -126,7 +126,7 @@ async def test_messages_the_broker_cannot_route_leave_their_rows_pending_for_the
         async with pool.acquire() as holder, holder.transaction():
             await holder.execute("LOCK TABLE deliveries IN EXCLUSIVE MODE")
             run = asyncio.create_task(rs.relay(settings, "publish"))
-            await rs.wait_for(lambda: _waiting(pool), 30, "the run's admission waiting")
+            await rs.wait_for(lambda: rs.waiting_on_a_lock(pool), 30, "the run's admission waiting")
             lane = await channel.get_queue(topology.lane_queue(amqp.BULK), ensure=False)
             await lane.unbind(topology.work_exchange, amqp.BULK)
         unroutable = await run
@@ -144,10 +144,6 @@ async def test_messages_the_broker_cannot_route_leave_their_rows_pending_for_the
     again = await rs.relay(settings, "publish")  # declares the binding again
     assert again.code == 0, again.stderr
     assert {r["state"] for r in await _deliveries(pool)} == {"queued"}
-
-
-async def _waiting(pool: asyncpg.Pool) -> bool:
-    return await rs.lock_waiters(pool) > 0
 
 
 async def test_published_deliveries_are_delivered_once_with_the_ledger_key(

@@ -250,3 +250,8 @@ async def lock_waiters(pool: asyncpg.Pool) -> int:
             " AND datname = current_database()"
         )
     )
+
+
+async def waiting_on_a_lock(pool: asyncpg.Pool) -> bool:
+    """Whether a session of this database waits on a lock (``lock_waiters``)."""
+    return await lock_waiters(pool) > 0
