@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aio_pika
 import asyncpg
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -273,6 +274,7 @@ async def _demo_leftovers(settings: Settings, stdout: str) -> list[str]:
     return left
 
 
+@pytest.mark.timeout(300)  # 77 s with two suites at once on a slow VM (alone: 33)
 async def test_two_demos_at_once_on_the_same_servers_both_deliver_and_leave_nothing(
     settings: Settings, tmp_path: Path
 ) -> None:
