@@ -26,14 +26,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pamqp import frame, header
 from pamqp.commands import Basic
+from yardstick_publisher import TRACE_HEADER  # the relay's trace header, as published
 
 from service import timer
 
 NAMESPACE = "relay-0123abcd"  # as long as a real namespace
-TRACE_HEADER = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
 
 
 def delivered_headers(wait_seconds: float) -> dict[str, object]:
@@ -98,10 +99,11 @@ def main() -> None:
         raw = header_frame(headers)
         micros = decode_micros(raw, args.count)
         base = micros if base is None else base
-        deaths = timer.units_for(wait).bit_count() if wait > 0 else 0  # one per level
+        deaths = headers.get("x-death")
+        entries = len(deaths) if isinstance(deaths, list) else 0
         print(
             f"wait {wait:6.2f} s: {len(headers) - 1:2d} headers besides the trace, "
-            f"{deaths:2d} x-death entries, frame {len(raw):5d} bytes: "
+            f"{entries:2d} x-death entries, frame {len(raw):5d} bytes: "
             f"{micros:6.1f} us to decode ({micros - base:+6.1f} us against the first)"
         )
 
