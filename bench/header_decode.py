@@ -44,23 +44,22 @@ def delivered_headers(wait_seconds: float) -> dict[str, object]:
         return headers
     entry, routing = timer.route(NAMESPACE, wait_seconds)
     headers.update(routing)
-    units = timer.units_for(wait_seconds)
-    waited = [level for level in range(timer.LEVELS) if units >> level & 1]  # largest first
+    wait = timer.digits(timer.units_for(wait_seconds))
+    waited = [(level, digit) for level, digit in enumerate(wait) if digit]  # lowest first
     now = datetime.now(UTC).replace(microsecond=0)
-    headers["x-death"] = [  # the broker puts the latest dead-lettering first
+    headers["x-death"] = [  # the broker puts the latest dead-lettering (the lowest) first
         {
             "count": 1,
             "reason": "expired",
-            "queue": timer.level_name(NAMESPACE, level),
+            "queue": timer.queue_name(NAMESPACE, level, digit),
             "time": now,
-            "exchange": timer.level_name(NAMESPACE, level),
+            "exchange": timer.exchange_name(NAMESPACE, level),
             "routing-keys": ["bulk"],
         }
-        for level in waited
+        for level, digit in waited
     ]
-    first = timer.level_name(NAMESPACE, waited[-1])
     headers["x-first-death-exchange"] = entry
-    headers["x-first-death-queue"] = first
+    headers["x-first-death-queue"] = timer.queue_name(NAMESPACE, *waited[-1])
     headers["x-first-death-reason"] = "expired"
     return headers
 

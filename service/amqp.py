@@ -9,7 +9,8 @@ Topology, all durable, names prefixed by the namespace (default ``relay``):
 - ``<ns>.delay`` (headers) routes by header ``x-relay-tier`` to one quorum queue per
   delay tier, ``<ns>.delay.<ms>ms``, whose TTL dead-letters back to ``<ns>.work`` with the
   message's own routing key, i.e. back to its lane. No broker plugin is needed.
-- ``<ns>.timer.<ms>ms``: the timer ladder (``service/timer.py``). A delivery admitted
+- ``<ns>.ladder.level<j>`` and ``<ns>.ladder.<ms>ms``: the timer ladder's exchanges and
+  queues (``service/timer.py``). A delivery admitted
   before it is due waits in classic queues of fixed TTL and reaches ``<ns>.work`` with its
   lane's routing key at its due time (rounded up to 50 ms), never held back by another.
 - ``<ns>.dlx`` (fanout) -> ``<ns>.dead-letters``, read by ``relay replay``.
@@ -66,6 +67,10 @@ class Topology:
     @property
     def timer_queues(self) -> list[str]:
         return timer.queues(self.namespace)
+
+    @property
+    def timer_exchanges(self) -> list[str]:
+        return timer.exchanges(self.namespace)
 
     @property
     def dead_exchange(self) -> str:
@@ -200,5 +205,5 @@ async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:
         await channel.queue_delete(queue)
     for exchange in (topology.work_exchange, topology.delay_exchange, topology.dead_exchange):
         await channel.exchange_delete(exchange)
-    for exchange in topology.timer_queues:  # each level's exchange has its queue's name
+    for exchange in topology.timer_exchanges:
         await channel.exchange_delete(exchange)

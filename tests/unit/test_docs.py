@@ -51,5 +51,5 @@ def test_the_rabbitmq_permissions_in_deploy_md_name_every_exchange_and_queue() -
     (pattern,) = re.findall(r"^RELAY_NAMES='(.+)'$", deploy, re.MULTILINE)
     topology = amqp.Topology.from_settings(Settings(amqp_namespace="relay"))
     exchanges = [topology.work_exchange, topology.delay_exchange, topology.dead_exchange]
-    names = [*exchanges, *topology.all_queues()]  # the ladder's exchanges share its queues' names
+    names = [*exchanges, *topology.timer_exchanges, *topology.all_queues()]
     assert [n for n in names if not re.fullmatch(pattern, n)] == []

@@ -1,4 +1,4 @@
-"""The timer ladder's arithmetic: a wait written in binary over queues of fixed TTL."""
+"""The timer ladder's arithmetic: a wait written in base 8 over queues of fixed TTL."""
 
 from __future__ import annotations
 
@@ -12,18 +12,24 @@ from service.settings import Settings
 
 
 def _waited_ms(headers: dict[str, str]) -> int:
-    """The time a message with these headers spends in the ladder: one TTL per 1-bit."""
+    """The time a message with these headers spends in the ladder: its digit's queue's TTL
+    at each level."""
     return sum(
-        timer.level_ms(level)
+        int(headers.get(f"relay-ladder-{level}", "0")) * timer.level_ms(level)
         for level in range(timer.LEVELS)
-        if headers.get(f"relay-timer-{timer.level_ms(level)}ms") == "1"
     )
 
 
-def test_levels_double_from_50_ms_and_each_queue_is_named_by_its_ttl() -> None:
-    assert [timer.level_ms(j) for j in range(4)] == [50, 100, 200, 400]
-    assert timer.queues("relay")[:2] == ["relay.timer.50ms", "relay.timer.100ms"]
-    assert len(timer.queues("relay")) == timer.LEVELS
+def test_each_level_has_a_queue_per_nonzero_digit_named_by_its_ttl() -> None:
+    assert [timer.level_ms(j) for j in range(3)] == [50, 400, 3200]
+    assert timer.queues("relay")[:3] == [
+        "relay.ladder.50ms",
+        "relay.ladder.100ms",
+        "relay.ladder.150ms",
+    ]
+    assert timer.queues("relay")[7] == "relay.ladder.400ms"
+    assert len(timer.queues("relay")) == len(set(timer.queues("relay"))) == timer.LEVELS * 7
+    assert timer.exchanges("relay") == [f"relay.ladder.level{j}" for j in range(timer.LEVELS)]
 
 
 @pytest.mark.parametrize("remaining", [0.001, 0.05, 0.051, 1.0, 4.999, 59.98, 75.0, 3599.9])
@@ -42,8 +48,8 @@ def test_random_waits_are_never_short_and_never_a_unit_long() -> None:
 
 def test_a_wait_past_the_longest_waits_the_longest_and_the_consumer_parks_the_rest() -> None:
     entrance, headers = timer.route("relay", 10 * timer.longest_seconds())
-    assert entrance == timer.queues("relay")[-1]  # the top level's exchange
-    assert len(headers) == timer.LEVELS and set(headers.values()) == {"1"}
+    assert entrance == timer.exchanges("relay")[-1]  # the top level's exchange
+    assert len(headers) == timer.LEVELS and set(headers.values()) == {"7"}
     assert _waited_ms(headers) / 1000 == timer.longest_seconds()
 
 
@@ -54,18 +60,28 @@ def test_the_ladder_holds_the_longest_look_ahead_the_settings_accept() -> None:
 
 
 @pytest.mark.parametrize(
-    ("remaining", "entrance", "bits"),
+    ("remaining", "entrance", "digits"),
     [
-        (0.001, "relay.timer.50ms", "1"),  # 1 unit
-        (1.0, "relay.timer.800ms", "10100"),  # 20 units
-        (59.98, "relay.timer.51200ms", "10010110000"),  # 1,200 units
+        (0.001, "relay.ladder.level0", "1"),  # 1 unit
+        (1.0, "relay.ladder.level1", "24"),  # 20 units
+        (59.98, "relay.ladder.level3", "2260"),  # 1,200 units
+        (74.95, "relay.ladder.level3", "2733"),  # 1,499 units: the default look-ahead
     ],
 )
 def test_a_delivery_enters_at_its_waits_highest_level_with_headers_from_there_down(
-    remaining: float, entrance: str, bits: str
+    remaining: float, entrance: str, digits: str
 ) -> None:
-    """The levels above its highest 1-bit would only pass it on: it skips them."""
+    """The levels above its highest digit would only pass it on: it skips them."""
     got_entrance, headers = timer.route("relay", remaining)
     assert got_entrance == entrance
-    expected = {f"relay-timer-{timer.level_ms(j)}ms": b for j, b in enumerate(reversed(bits))}
+    expected = {f"relay-ladder-{j}": d for j, d in enumerate(reversed(digits))}
     assert headers == expected
+
+
+def test_a_wait_visits_at_most_one_queue_per_level() -> None:
+    """A dead-lettering (and an x-death entry the consumer decodes) per nonzero digit: a
+    wait within the default look-ahead visits at most 4 queues, against up to 10 in
+    binary."""
+    visits = [sum(d != 0 for d in timer.digits(units)) for units in range(1, 1500)]
+    assert max(visits) == 4
+    assert max(bin(units).count("1") for units in range(1, 1500)) == 10
