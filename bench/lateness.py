@@ -11,7 +11,9 @@ Per run (fresh database and broker namespace, one ``relay consume``, the lean re
 3. when every row is delivered, read lateness from the ledger: the receiver's acceptance
    (``finished_at``) minus the occurrence's due time, per part.
 
-Reported: p50/p95/p99/max lateness of the steady part; for the spike, its last delivery
+Reported: each process's CPU over the run (RabbitMQ is ``beam.smp``, every PostgreSQL
+backend ``postgres``, the publish runs ``publish<N>``); p50/p95/p99/max lateness of the
+steady part; for the spike, its last delivery
 after the due instant against ``spike size / drain rate + 2 s`` (the drain rate measured
 on the spike itself, between 10 % and 90 % delivered).
 
@@ -41,8 +43,10 @@ import asyncpg
 from _common import (
     RELAY,
     BenchEnv,
+    CpuMonitor,
     bench_env,
     check,
+    describe_groups,
     free_port,
     load_average,
     relay_variables,
@@ -79,7 +83,12 @@ def _percentile(values: list[float], share: float) -> float:
 
 
 async def _cron(
-    env: BenchEnv, stop: asyncio.Event, rng: random.Random, first_due: datetime, nice: int = 0
+    env: BenchEnv,
+    stop: asyncio.Event,
+    rng: random.Random,
+    first_due: datetime,
+    monitor: CpuMonitor,
+    nice: int = 0,
 ) -> list[str]:
     """``relay publish`` every 60 s from now, each start 0-5 s late, until ``stop``; with
     ``nice`` > 0 at a lower CPU priority than the consumer (as separate pods with their own
@@ -91,10 +100,13 @@ async def _cron(
         await asyncio.sleep(max(0.0, tick - time.monotonic()) + rng.uniform(0, 5))
         started = (datetime.now(UTC) - first_due).total_seconds()
         result = await asyncio.to_thread(
-            run_measured, command, env.env(), env.scratch, f"publish{len(runs)}"
+            run_measured, command, env.env(), env.scratch, f"publish{len(runs)}", monitor
         )
         check(result, "relay publish")
-        took = f"{result.wall_seconds:.1f} s from {started:+.1f} s after the first due time"
+        took = (
+            f"{result.wall_seconds:.1f} s from {started:+.1f} s after the first due time, "
+            f"{result.cpu_seconds:.1f} CPU-s"
+        )
         runs.append(f"{result.stdout.strip()} ({took})")
         tick += 60.0
         try:
@@ -197,9 +209,14 @@ async def main() -> None:
             check(loaded, "relay reminders load")
             lead = (first_due - datetime.now(UTC)).total_seconds()
             print(f"   loaded in {loaded.wall_seconds:.1f} s; first due in {lead:.1f} s")
+            monitor = CpuMonitor().start()
+            monitor.ours[partner.pid] = "receiver"
             consumer = _spawn([*RELAY, "consume"], env.env(), env.scratch / "consumer.log")
+            monitor.ours[consumer.pid] = "relay consume"
             rng = random.Random(args.seed)
-            cron = asyncio.create_task(_cron(env, stop, rng, first_due, args.publisher_nice))
+            cron = asyncio.create_task(
+                _cron(env, stop, rng, first_due, monitor, args.publisher_nice)
+            )
             pool = await asyncpg.create_pool(env.database_url, min_size=1, max_size=2)
             total = args.steady + args.spike
             deadline = time.monotonic() + STEADY_SECONDS + SPIKE_AFTER_SECONDS + 240
@@ -213,6 +230,8 @@ async def main() -> None:
             stop.set()
             for line in await cron:
                 print(f"   publish: {line}")
+            groups = monitor.stop()
+            print(f"   CPU over {monitor.wall:.0f} s: {describe_groups(groups, monitor.wall, 8)}")
             await _report(pool, args.steady, args.spike)
             await pool.close()
         finally:
