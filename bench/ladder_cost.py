@@ -69,9 +69,10 @@ async def one_run(args: argparse.Namespace, seed: int) -> dict[str, float]:
 
         async def publish(delivery_id: int, wait: float) -> None:
             try:
-                entrance, routing = timer.route(namespace, wait)
                 if args.direct:  # published for now: straight to the lane, no ladder
                     entrance, routing, wait = topology.work_exchange, {}, 0.0
+                else:
+                    entrance, routing = timer.route(namespace, wait)
                 exchange = await channel.get_exchange(entrance, ensure=False)
                 due_at[delivery_id] = time.monotonic() + wait
                 message = aio_pika.Message(
@@ -130,7 +131,7 @@ async def main() -> None:
     )
     args = parser.parse_args()
     print(
-        f"ladder: base {getattr(timer, 'BASE', 2)}, {len(timer.queues('x'))} queues; "
+        f"ladder: base {timer.BASE}, {len(timer.queues('x'))} queues; "
         f"{args.count} messages, "
         + (
             "published for now (no ladder)"
