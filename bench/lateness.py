@@ -13,9 +13,12 @@ Per run (fresh database and broker namespace, one ``relay consume``, the lean re
 
 Reported: each process's CPU over the run (RabbitMQ is ``beam.smp``, every PostgreSQL
 backend ``postgres``, the publish runs ``publish<N>``); p50/p95/p99/max lateness of the
-steady part; for the spike, its last delivery
-after the due instant against ``spike size / drain rate + 2 s`` (the drain rate measured
-on the spike itself, between 10 % and 90 % delivered).
+steady part, and per 5 s of its due time the worst lateness, the worst time from due to
+the claim (the ladder, the lane and the consumer's intake) and the most claims open at
+once (next to the prefetch: is the consumer's window what holds messages back?); the
+consumer's own part after the claim (to the request, to the outcome written); for the
+spike, its last delivery after the due instant against ``spike size / drain rate + 2 s``
+(the drain rate measured on the spike itself, between 10 % and 90 % delivered).
 
     .venv/bin/python bench/lateness.py
     .venv/bin/python bench/lateness.py --steady 6000 --spike 2000   # a quick look
@@ -117,19 +120,39 @@ async def _cron(
 
 
 def _by_due_time(rows: list[asyncpg.Record], width: float = 5.0) -> None:
-    """Where in the steady minute the lateness is: the max per ``width`` seconds of due time."""
+    """Where in the steady minute the lateness is: the max per ``width`` seconds of due
+    time, and how much of it had passed when the row was claimed (the broker's part and
+    the consumer's intake, against its request and outcome after the claim)."""
     start = min(r["occurrence_at"] for r in rows)
     worst: dict[int, float] = {}
+    worst_claim: dict[int, float] = {}
     for r in rows:
         bucket = int((r["occurrence_at"] - start).total_seconds() // width)
         worst[bucket] = max(worst.get(bucket, 0.0), r["late"])
+        worst_claim[bucket] = max(worst_claim.get(bucket, 0.0), r["to_claim"])
     cells = " ".join(f"{worst[b]:.1f}" for b in sorted(worst))
     print(f"   steady max lateness per {width:.0f} s of due time: {cells}")
+    cells = " ".join(f"{worst_claim[b]:.1f}" for b in sorted(worst_claim))
+    print(f"   steady max time from due to claim, the same buckets: {cells}")
+    # Claims open at once (claimed, outcome not yet written), by when: near the prefetch,
+    # the consumer's window and not the broker holds the next messages back.
+    events = sorted(
+        [(r["occurrence_at"] + timedelta(seconds=r["to_claim"]), 1) for r in rows]
+        + [(r["finished_at"], -1) for r in rows]
+    )
+    open_now, most = 0, dict[int, int]()
+    for at, step in events:
+        open_now += step
+        bucket = int((at - start).total_seconds() // width)
+        most[bucket] = max(most.get(bucket, 0), open_now)
+    cells = " ".join(str(most[b]) for b in sorted(most) if b in worst)
+    print(f"   steady claims open at once (max), by when, the same buckets: {cells}")
 
 
 async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
     rows = await pool.fetch(
         "SELECT reminder_id, extract(epoch FROM finished_at - occurrence_at)::float8 AS late,"
+        " extract(epoch FROM first_attempt_at - occurrence_at)::float8 AS to_claim,"
         " finished_at, occurrence_at FROM deliveries WHERE state = 'delivered'"
     )
     # Early: a request started before its due time (the first attempt's start, not the
@@ -140,6 +163,21 @@ async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
     )
     verdict = "met" if not early else "MISSED"
     print(f"early (a request started before its due time): {early} ({verdict})")
+    # After the claim, the consumer's own part: to the request, and to the outcome written.
+    parts = await pool.fetchrow(
+        "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY"
+        "   extract(epoch FROM a.started_at - d.first_attempt_at)) AS to_request,"
+        " percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY"
+        "   extract(epoch FROM d.finished_at - a.started_at)) AS to_outcome"
+        " FROM deliveries AS d JOIN delivery_attempts AS a ON a.delivery_id = d.id"
+        " WHERE d.state = 'delivered' AND d.reminder_id LIKE 'steady%'"
+    )
+    if parts is not None and parts["to_request"] is not None:
+        (c50, c99), (o50, o99) = parts["to_request"], parts["to_outcome"]
+        print(
+            f"   steady, claim to request: p50 {c50:.3f} s, p99 {c99:.3f} s; request to "
+            f"outcome written: p50 {o50:.3f} s, p99 {o99:.3f} s"
+        )
     steady_rows = [r for r in rows if r["reminder_id"].startswith("steady")]
     steady_late = sorted(r["late"] for r in steady_rows)
     spike_rows = [r for r in rows if r["reminder_id"].startswith("spike")]
