@@ -353,11 +353,15 @@ async def bench_env(name: str, keep_scratch: bool = False) -> AsyncIterator[Benc
                 env.scratch.rmdir()
 
 
-def write_reminders(path: Path, count: int, destination: str) -> None:
-    """``count`` one-shot webhook reminders, all due a few seconds ago."""
-    due = (datetime.now(UTC) - timedelta(seconds=5)).replace(microsecond=0).isoformat()
+def write_reminders(path: Path, count: int, destination: str, ahead: float = 0.0) -> None:
+    """``count`` one-shot webhook reminders, all due a few seconds ago; with ``ahead`` > 0,
+    due evenly over ``ahead`` seconds from 30 s after now instead (a publish run then hands
+    them to the timer ladder)."""
+    now = datetime.now(UTC)
+    start = now + timedelta(seconds=30) if ahead > 0 else now - timedelta(seconds=5)
     with open(path, "w") as f:
         for i in range(count):
+            due = (start + timedelta(seconds=ahead * i / count)).isoformat()
             f.write(
                 json.dumps(
                     {

@@ -18,7 +18,7 @@ from typing import Any
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from service import alarms, amqp, errors, messages, timer
 from service.settings import Settings
@@ -47,7 +47,6 @@ class ConfirmedPublisher:
         # taken as it goes out): one queued in the broker's intake behind many starts late.
         self._timer_in_flight = asyncio.Semaphore(min(max_in_flight, timer_max_in_flight))
         self._timeout = confirm_timeout_seconds
-        self._exchanges: dict[str, AbstractExchange] = {}
         # aiormq matches a returned (unroutable) message to its publish by its message id,
         # and draws a random UUID for each publish that comes without one.
         self._message_ids = map("relay-{}".format, itertools.count(1))
@@ -66,11 +65,6 @@ class ConfirmedPublisher:
             confirm_timeout_seconds=settings.publish_confirm_timeout_seconds,
         )
 
-    async def _exchange(self, name: str) -> AbstractExchange:
-        if name not in self._exchanges:
-            self._exchanges[name] = await self._channel.get_exchange(name, ensure=False)
-        return self._exchanges[name]
-
     async def _publish(
         self, exchange_name: str, routing_key: str, body: bytes, headers: Mapping[str, Any]
     ) -> None:
@@ -80,15 +74,30 @@ class ConfirmedPublisher:
     async def _send(
         self, exchange_name: str, routing_key: str, body: bytes, headers: Mapping[str, Any]
     ) -> None:
-        """Publish one message and wait for its confirm (the caller holds a slot)."""
-        exchange = await self._exchange(exchange_name)
-        message = aio_pika.Message(
-            body,
+        """Publish one message and wait for its confirm (the caller holds a slot).
+
+        Straight on aiormq, aio-pika's own layer: the frames ``exchange.publish`` sends,
+        without an ``aio_pika.Message`` per publish. A publish run sends thousands a second,
+        and that object cost more CPU than the relay's own code around it (issue 30). A
+        closed channel raises here as it does in aio-pika."""
+        if self._channel.is_closed:
+            raise aiormq.exceptions.ChannelInvalidStateError(f"{self._channel!r} closed")
+        channel = await self._channel.get_underlay_channel()
+        properties = aiormq.spec.Basic.Properties(
             content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            delivery_mode=_PERSISTENT,
             headers=dict(headers),
+            message_id=next(self._message_ids),
         )
-        await self._confirmed(exchange.publish(message, routing_key, mandatory=True))
+        await self._confirmed(
+            channel.basic_publish(
+                body,
+                exchange=exchange_name,
+                routing_key=routing_key,
+                properties=properties,
+                mandatory=True,
+            )
+        )
 
     async def _confirmed(self, publishing: Awaitable[object]) -> None:
         """Await a publish and its confirm (``alarms.confirmed``); PublishError if none."""
@@ -141,17 +150,13 @@ class ConfirmedPublisher:
         ladder, each with the wait left when it goes out."""
         ids: list[int] = []
         tasks: list[asyncio.Task[None]] = []
-        table: aiormq.abc.FieldTable = dict(headers or {})
-        channel = await self._underlay()
+        table = dict(headers or {})
         for delivery_id, urgent, *due in items:
             ids.append(delivery_id)
             in_seconds = due[0] if due else 0.0
-            if channel is not None and in_seconds <= _DUE_NOW_SECONDS:
-                work = self._publish_now(channel, delivery_id, amqp.lane_of(urgent), table)
-            else:
-                work = self.publish_due(
-                    delivery_id, urgent=urgent, due_in_seconds=in_seconds, headers=table
-                )
+            work = self.publish_due(
+                delivery_id, urgent=urgent, due_in_seconds=in_seconds, headers=table
+            )
             tasks.append(asyncio.ensure_future(work))
         results = await asyncio.gather(*tasks, return_exceptions=True)
         confirmed = [i for i, r in zip(ids, results, strict=True) if r is None]
@@ -160,42 +165,6 @@ class ConfirmedPublisher:
             if isinstance(r, BaseException) and not isinstance(r, Exception):
                 raise r  # never swallow cancellation
         return confirmed, failed
-
-    async def _underlay(self) -> aiormq.abc.AbstractChannel | None:
-        """The channel's aiormq channel, or None once it is closed (each publish then
-        fails on its own, as on the way through aio-pika)."""
-        try:
-            return await self._channel.get_underlay_channel()
-        except (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError):
-            return None
-
-    async def _publish_now(
-        self,
-        channel: aiormq.abc.AbstractChannel,
-        delivery_id: int,
-        lane: str,
-        headers: aiormq.abc.FieldTable,
-    ) -> None:
-        """``publish_delivery`` straight on aiormq, aio-pika's own layer: the same frames
-        without an ``aio_pika.Message`` per publish. A publish run sends thousands a second,
-        and that object and its properties cost more CPU than the relay's own code around
-        them (issue 30)."""
-        properties = aiormq.spec.Basic.Properties(
-            content_type="application/json",
-            delivery_mode=_PERSISTENT,
-            headers=headers,
-            message_id=next(self._message_ids),
-        )
-        async with self._in_flight:
-            await self._confirmed(
-                channel.basic_publish(
-                    messages.encode(delivery_id),
-                    exchange=self._topology.work_exchange,
-                    routing_key=lane,
-                    properties=properties,
-                    mandatory=True,
-                )
-            )
 
     async def publish_delayed(
         self,

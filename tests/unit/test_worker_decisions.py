@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aio_pika
 import aiormq
 import pytest
 from aiormq.abc import DeliveredMessage
@@ -92,7 +91,7 @@ def test_a_message_that_came_early_is_parked_until_its_row_is_due() -> None:
 @dataclass
 class FakeChannel:
     """The AMQP channel, both the one messages arrive on (aiormq: ``basic_ack``,
-    ``basic_nack``) and the publisher's (aio-pika: ``get_exchange``, whose ``publish``
+    ``basic_nack``) and the publisher's (its aiormq underlay: ``basic_publish``, which
     returns once the broker confirmed). ``unconfirmed``: exchanges whose publishes the
     broker does not confirm (a nack)."""
 
@@ -106,21 +105,23 @@ class FakeChannel:
     async def basic_nack(self, tag: int, requeue: bool = True) -> None:
         self.frames.append(("nack", tag, requeue))
 
-    async def get_exchange(self, name: str, ensure: bool = False) -> FakeExchange:
-        return FakeExchange(self, name)
+    async def get_underlay_channel(self) -> FakeChannel:
+        return self
 
-
-@dataclass
-class FakeExchange:
-    channel: FakeChannel
-    name: str
-
-    async def publish(self, message: aio_pika.Message, routing_key: str, mandatory: bool) -> None:
+    async def basic_publish(
+        self,
+        body: bytes,
+        *,
+        exchange: str,
+        routing_key: str,
+        properties: aiormq.spec.Basic.Properties,
+        mandatory: bool,
+    ) -> None:
         assert mandatory  # an unroutable message is an error, never a silent drop
-        if self.name in self.channel.unconfirmed:
+        if exchange in self.unconfirmed:
             raise aiormq.exceptions.DeliveryError(None, None)
-        headers = dict(message.headers or {})
-        self.channel.frames.append(("publish", self.name, routing_key, message.body, headers))
+        headers = dict(properties.headers or {})
+        self.frames.append(("publish", exchange, routing_key, body, headers))
 
 
 def _message(channel: FakeChannel, tag: int = 5, lane: str = amqp.BULK) -> Incoming:
