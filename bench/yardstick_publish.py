@@ -109,6 +109,7 @@ async def relay_run(args: argparse.Namespace, number: int) -> Side:
         max_in_flight=args.max_in_flight,
         profile="",
         cprofile="",
+        ahead=0.0,  # due now, as the yardstick's messages are
         keep_logs=args.keep_logs,
     )
     run = await publish.one_run(publish_args, number)  # checks rows queued and queue depth
