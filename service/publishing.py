@@ -150,7 +150,7 @@ class ConfirmedPublisher:
         ladder, each with the wait left when it goes out."""
         ids: list[int] = []
         tasks: list[asyncio.Task[None]] = []
-        table = dict(headers or {})
+        table = headers or {}  # each publish copies it into its own properties
         for delivery_id, urgent, *due in items:
             ids.append(delivery_id)
             in_seconds = due[0] if due else 0.0
