@@ -22,6 +22,11 @@ spike, its last delivery after the due instant against ``spike size / drain rate
 
     .venv/bin/python bench/lateness.py
     .venv/bin/python bench/lateness.py --steady 6000 --spike 2000   # a quick look
+    .venv/bin/python bench/lateness.py --cpu-thief 0.35   # headroom: 0.7 of 2 cores taken
+
+``--cpu-thief F`` starts one process per core that spins for F of every 20 ms and sleeps
+the rest, at the same CPU priority as the relay, from the consumer's start to the end: a
+slower or busier machine than this one, reproducibly (a host's steal cannot be asked for).
 
 Targets (issue 17): steady p99 <= 2 s and p50 <= 0.5 s; spike last <= size / rate + 2 s.
 Issue 30 raised the steady p99 to <= 1 s, with the publish run at the consumer's CPU
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -42,8 +48,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import aio_pika
+import aiormq
 import asyncpg
 from _common import (
+    AMQP_URL,
     RELAY,
     BenchEnv,
     CpuMonitor,
@@ -57,7 +66,20 @@ from _common import (
 )
 from drain import _spawn, _stop, _wait_port
 
+from service import amqp, brokers
+from service.settings import Settings
+
 STEADY_SECONDS = 60.0
+# One process per core: spin for DUTY of every 20 ms, sleep the rest.
+THIEF = """
+import sys, time
+duty = float(sys.argv[1])
+while True:
+    end = time.perf_counter() + duty * 0.02
+    while time.perf_counter() < end:
+        pass
+    time.sleep((1 - duty) * 0.02)
+"""
 SPIKE_AFTER_SECONDS = 30.0  # after the steady part ends
 LEAD_SECONDS = 25.0  # from the first run's start to the first due time
 
@@ -119,7 +141,32 @@ async def _cron(
     return runs
 
 
-def _by_due_time(rows: list[asyncpg.Record], width: float = 5.0) -> None:
+async def _sample_lanes(namespace: str, stop: asyncio.Event) -> list[tuple[datetime, int]]:
+    """Messages ready in the lanes (delivered by the broker to no consumer yet), every
+    0.25 s until ``stop``: beside the time from due to the claim, it says whether a late
+    message waited in a lane for the consumer to take it, or upstream in the ladder."""
+    topology = amqp.Topology.from_settings(Settings(amqp_namespace=namespace))
+    lanes = [topology.lane_queue(lane) for lane in (amqp.BULK, amqp.URGENT)]
+    samples: list[tuple[datetime, int]] = []
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        while not stop.is_set():
+            try:
+                ready = await brokers.ready_total(connection, lanes, timeout_seconds=5.0)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                pass  # the consumer has not declared its lanes yet
+            else:
+                samples.append((datetime.now(UTC), ready))
+            try:
+                await asyncio.wait_for(stop.wait(), 0.25)
+            except TimeoutError:
+                pass
+    return samples
+
+
+def _by_due_time(
+    rows: list[asyncpg.Record], lanes: list[tuple[datetime, int]], width: float = 5.0
+) -> None:
     """Where in the steady minute the lateness is: the max per ``width`` seconds of due
     time, and how much of it had passed when the row was claimed (the broker's part and
     the consumer's intake, against its request and outcome after the claim)."""
@@ -147,9 +194,17 @@ def _by_due_time(rows: list[asyncpg.Record], width: float = 5.0) -> None:
         most[bucket] = max(most.get(bucket, 0), open_now)
     cells = " ".join(str(most[b]) for b in sorted(most) if b in worst)
     print(f"   steady claims open at once (max), by when, the same buckets: {cells}")
+    ready = dict[int, int]()
+    for at, count in lanes:
+        bucket = int((at - start).total_seconds() // width)
+        ready[bucket] = max(ready.get(bucket, 0), count)
+    cells = " ".join(str(ready.get(b, "-")) for b in sorted(worst))
+    print(f"   ready in the lanes, not yet taken by the consumer (max), by when: {cells}")
 
 
-async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
+async def _report(
+    pool: asyncpg.Pool, steady: int, spike: int, lanes: list[tuple[datetime, int]]
+) -> None:
     rows = await pool.fetch(
         "SELECT reminder_id, extract(epoch FROM finished_at - occurrence_at)::float8 AS late,"
         " extract(epoch FROM first_attempt_at - occurrence_at)::float8 AS to_claim,"
@@ -192,7 +247,7 @@ async def _report(pool: asyncpg.Pool, steady: int, spike: int) -> None:
             f"p99 {p99:.3f} s, max {steady_late[-1]:.3f} s (issue 17, p50 <= 0.5 and "
             f"p99 <= 2: {verdict}; issue 30, p99 <= 1: {raised})"
         )
-        _by_due_time(steady_rows)
+        _by_due_time(steady_rows, lanes)
     if spike_rows:
         a, b = spike_rows[len(spike_rows) // 10], spike_rows[len(spike_rows) * 9 // 10]
         span = max((b["finished_at"] - a["finished_at"]).total_seconds(), 1e-6)
@@ -220,6 +275,13 @@ async def main() -> None:
         "--publisher-nice", type=int, default=0, help="run relay publish under nice -n N"
     )
     parser.add_argument(
+        "--cpu-thief",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="one process per core busy F (0-0.9) of the time, at equal priority",
+    )
+    parser.add_argument(
         "--env",
         action="append",
         default=[],
@@ -228,6 +290,8 @@ async def main() -> None:
         "(RELAY_ prefix added)",
     )
     args = parser.parse_args()
+    if not 0.0 <= args.cpu_thief <= 0.9:
+        parser.error("--cpu-thief must be between 0 and 0.9")
     print(f"lateness: {args.steady} steady over 60 s + {args.spike} at once; load {load_average()}")
     async with bench_env("lateness", keep_scratch=args.keep_logs) as env:
         env.extra_env.update(relay_variables(dict(kv.split("=", 1) for kv in args.env)))
@@ -235,6 +299,7 @@ async def main() -> None:
         receiver = [sys.executable, str(Path(__file__).with_name("receiver.py"))]
         partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")
         consumer: subprocess.Popen[bytes] | None = None
+        thieves: list[subprocess.Popen[bytes]] = []
         stop = asyncio.Event()
         try:
             await _wait_port(port, partner)
@@ -251,6 +316,12 @@ async def main() -> None:
             monitor.ours[partner.pid] = "receiver"
             consumer = _spawn([*RELAY, "consume"], env.env(), env.scratch / "consumer.log")
             monitor.ours[consumer.pid] = "relay consume"
+            for n in range(os.cpu_count() or 1) if args.cpu_thief else ():
+                spin = [sys.executable, "-c", THIEF, str(args.cpu_thief)]
+                thief = _spawn(spin, env.env(), env.scratch / f"thief{n}.log")
+                thieves.append(thief)
+                monitor.ours[thief.pid] = "cpu thief"
+            sampler = asyncio.create_task(_sample_lanes(env.namespace, stop))
             rng = random.Random(args.seed)
             cron = asyncio.create_task(
                 _cron(env, stop, rng, first_due, monitor, args.publisher_nice)
@@ -270,12 +341,15 @@ async def main() -> None:
                 print(f"   publish: {line}")
             groups = monitor.stop()
             print(f"   CPU over {monitor.wall:.0f} s: {describe_groups(groups, monitor.wall, 8)}")
-            await _report(pool, args.steady, args.spike)
+            await _report(pool, args.steady, args.spike, await sampler)
             await pool.close()
         finally:
             stop.set()
             if consumer is not None:
                 _stop(consumer)
+            for thief in thieves:
+                thief.kill()
+                thief.wait()
             _stop(partner)
 
 
