@@ -14,15 +14,17 @@ Per run (fresh database and broker namespace, one ``relay consume``, the lean re
 Reported: each process's CPU over the run (RabbitMQ is ``beam.smp``, every PostgreSQL
 backend ``postgres``, the publish runs ``publish<N>``); p50/p95/p99/max lateness of the
 steady part, and per 5 s of its due time the worst lateness, the worst time from due to
-the claim (the ladder, the lane and the consumer's intake) and the most claims open at
-once (next to the prefetch: is the consumer's window what holds messages back?); the
-consumer's own part after the claim (to the request, to the outcome written); for the
-spike, its last delivery after the due instant against ``spike size / drain rate + 2 s``
-(the drain rate measured on the spike itself, between 10 % and 90 % delivered).
+the claim (the ladder, the lane and the consumer's intake), the most claims open at once
+(next to the prefetch: is the consumer's window what holds messages back?) and the most
+messages ready in the lanes (sampled every 0.25 s: waiting for the consumer, not in the
+ladder); the consumer's own part after the claim (to the request, to the outcome
+written); for the spike, its last delivery after the due instant against ``spike size /
+drain rate + 2 s`` (the drain rate measured on the spike itself, between 10 % and 90 %
+delivered).
 
     .venv/bin/python bench/lateness.py
     .venv/bin/python bench/lateness.py --steady 6000 --spike 2000   # a quick look
-    .venv/bin/python bench/lateness.py --cpu-thief 0.35   # headroom: 0.7 of 2 cores taken
+    .venv/bin/python bench/lateness.py --cpu-thief 0.35   # headroom: ~0.6 of the 2 cores taken
 
 ``--cpu-thief F`` starts one process per core that spins for F of every 20 ms and sleeps
 the rest, at the same CPU priority as the relay, from the consumer's start to the end: a
@@ -70,7 +72,9 @@ from service import amqp, brokers
 from service.settings import Settings
 
 STEADY_SECONDS = 60.0
-# One process per core: spin for DUTY of every 20 ms, sleep the rest.
+SPIKE_AFTER_SECONDS = 30.0  # after the steady part ends
+LEAD_SECONDS = 25.0  # from the first run's start to the first due time
+# One process per core: spin for ``duty`` of every 20 ms, sleep the rest.
 THIEF = """
 import sys, time
 duty = float(sys.argv[1])
@@ -80,8 +84,6 @@ while True:
         pass
     time.sleep((1 - duty) * 0.02)
 """
-SPIKE_AFTER_SECONDS = 30.0  # after the steady part ends
-LEAD_SECONDS = 25.0  # from the first run's start to the first due time
 
 
 def _write(path: Path, destination: str, steady: int, spike: int, first_due: datetime) -> None:
@@ -300,6 +302,7 @@ async def main() -> None:
         partner = _spawn([*receiver, "--port", str(port)], env.env(), env.scratch / "partner.log")
         consumer: subprocess.Popen[bytes] | None = None
         thieves: list[subprocess.Popen[bytes]] = []
+        sampler: asyncio.Task[list[tuple[datetime, int]]] | None = None
         stop = asyncio.Event()
         try:
             await _wait_port(port, partner)
@@ -345,6 +348,8 @@ async def main() -> None:
             await pool.close()
         finally:
             stop.set()
+            if sampler is not None and not sampler.done():
+                sampler.cancel()
             if consumer is not None:
                 _stop(consumer)
             for thief in thieves:
