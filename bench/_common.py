@@ -97,6 +97,49 @@ def machine_cpu() -> tuple[float, float]:
     return float(sum(parts) - idle), float(sum(parts))
 
 
+class CpuCap:
+    """A cgroup whose processes together get at most ``cores`` of CPU (the kernel's CFS
+    quota): one process made slower on demand, the rest of the machine untouched. Needs
+    root and the cgroup ``cpu`` controller (v1 at /sys/fs/cgroup/cpu, or v2); says which
+    is missing otherwise. ``add(pid)`` moves a whole process; ``remove()`` after it ended.
+    """
+
+    _PERIOD_US = 100_000
+
+    def __init__(self, cores: float) -> None:
+        if not 0 < cores <= (os.cpu_count() or 1):
+            raise SystemExit(f"--cpu-cap must be above 0 and at most {os.cpu_count()} cores")
+        name = f"relay-bench-{os.getpid()}"
+        quota = str(round(cores * self._PERIOD_US))
+        v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+        try:
+            if (v1 / "cpu.cfs_quota_us").exists():
+                self.path = v1 / name
+                self.path.mkdir()
+                (self.path / "cpu.cfs_period_us").write_text(str(self._PERIOD_US))
+                (self.path / "cpu.cfs_quota_us").write_text(quota)
+            elif "cpu" in (v2 / "cgroup.controllers").read_text().split():
+                (v2 / "cgroup.subtree_control").write_text("+cpu")
+                self.path = v2 / name
+                self.path.mkdir()
+                (self.path / "cpu.max").write_text(f"{quota} {self._PERIOD_US}")
+            else:
+                raise SystemExit("--cpu-cap: the cgroup v2 hierarchy has no cpu controller")
+        except OSError as exc:
+            raise SystemExit(f"--cpu-cap needs root and the cgroup cpu controller: {exc}") from exc
+        self.cores = cores
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        """Remove the cgroup; its processes must have ended (a live one keeps it)."""
+        try:
+            self.path.rmdir()
+        except OSError as exc:
+            print(f"   --cpu-cap: could not remove {self.path}: {exc}", flush=True)
+
+
 class MachineLoad:
     """Share of all CPUs busy between ``start()`` and ``stop()`` (every process)."""
 

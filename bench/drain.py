@@ -53,6 +53,7 @@ from _common import (
     RELAY,
     REPO,
     BenchEnv,
+    CpuCap,
     CpuMonitor,
     MachineLoad,
     bench_env,
@@ -192,7 +193,7 @@ async def _prepare(args: argparse.Namespace, env: BenchEnv, port: int) -> None:
         raise SystemExit(f"expected {args.count} queued messages, found {depth}")
 
 
-async def one_run(args: argparse.Namespace, number: int) -> DrainRun:
+async def one_run(args: argparse.Namespace, number: int, cap: CpuCap | None) -> DrainRun:
     async with bench_env("drain", keep_scratch=args.keep_logs) as env:
         port = free_port()
         receiver = (
@@ -224,6 +225,8 @@ async def one_run(args: argparse.Namespace, number: int) -> DrainRun:
                 command = [sys.executable, wrapper, f"{args.cprofile}.{number}.prof", "consume"]
             started = time.monotonic()
             consumer = _spawn(command, consumer_env, env.scratch / "consumer.log")
+            if cap is not None:
+                cap.add(consumer.pid)  # at once, during its start-up: the steady part is all capped
             monitor.ours[consumer.pid] = "consumer"
             if args.profile:
                 profiler = _profile(consumer.pid, f"{args.profile}.{number}.txt")
@@ -345,17 +348,30 @@ async def main() -> None:
     parser.add_argument(
         "--cprofile", default="", help="run the consumer under cProfile (CPU clock); prefix"
     )
+    parser.add_argument(
+        "--cpu-cap",
+        type=float,
+        default=0.0,
+        metavar="CORES",
+        help="run the consumer in a cgroup held to this much CPU, e.g. 0.6 (root; cgroup cpu)",
+    )
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args()
+    capped = f", consumer capped at {args.cpu_cap} cores" if args.cpu_cap else ""
     print(
-        f"== drain benchmark: {args.count} queued webhook deliveries, one consumer, "
+        f"== drain benchmark: {args.count} queued webhook deliveries, one consumer{capped}, "
         f"prefetch {args.prefetch}, pool {args.pool_size}, write batch {args.write_batch}, "
         f"log level {args.log_level}, receiver {args.receiver}, {args.runs} run(s); "
         f"load average {load_average()}; "
         f"{os.cpu_count()} CPUs",
         flush=True,
     )
-    runs = [await one_run(args, n + 1) for n in range(args.runs)]
+    cap = CpuCap(args.cpu_cap) if args.cpu_cap else None
+    try:
+        runs = [await one_run(args, n + 1, cap) for n in range(args.runs)]
+    finally:
+        if cap is not None:
+            cap.remove()
     rate = median([r.rate for r in runs])
     rss = median([r.peak_rss_mb for r in runs])
     cpu = median([r.cpu_us_per_delivery for r in runs])
