@@ -193,7 +193,7 @@ async def _prepare(args: argparse.Namespace, env: BenchEnv, port: int) -> None:
         raise SystemExit(f"expected {args.count} queued messages, found {depth}")
 
 
-async def one_run(args: argparse.Namespace, number: int, cap: CpuCap | None) -> DrainRun:
+async def one_run(args: argparse.Namespace, number: int, cap: CpuCap | None = None) -> DrainRun:
     async with bench_env("drain", keep_scratch=args.keep_logs) as env:
         port = free_port()
         receiver = (
