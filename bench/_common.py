@@ -115,19 +115,22 @@ class CpuCap:
         try:
             if (v1 / "cpu.cfs_quota_us").exists():
                 self.path = v1 / name
-                self.path.mkdir()
-                (self.path / "cpu.cfs_period_us").write_text(str(self._PERIOD_US))
-                (self.path / "cpu.cfs_quota_us").write_text(quota)
+                limits = {"cpu.cfs_period_us": str(self._PERIOD_US), "cpu.cfs_quota_us": quota}
             elif "cpu" in (v2 / "cgroup.controllers").read_text().split():
                 (v2 / "cgroup.subtree_control").write_text("+cpu")
                 self.path = v2 / name
-                self.path.mkdir()
-                (self.path / "cpu.max").write_text(f"{quota} {self._PERIOD_US}")
+                limits = {"cpu.max": f"{quota} {self._PERIOD_US}"}
             else:
                 raise SystemExit("--cpu-cap: the cgroup v2 hierarchy has no cpu controller")
+            self.path.mkdir()
         except OSError as exc:
             raise SystemExit(f"--cpu-cap needs root and the cgroup cpu controller: {exc}") from exc
-        self.cores = cores
+        try:
+            for file, value in limits.items():
+                (self.path / file).write_text(value)
+        except OSError as exc:
+            self.remove()
+            raise SystemExit(f"--cpu-cap: could not set the quota: {exc}") from exc
 
     def add(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid))
