@@ -214,7 +214,8 @@ async def _all_in(pool: asyncpg.Pool, state: str) -> bool:
 async def _publish_raw(settings: Settings, body: bytes) -> None:
     connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
     async with connection:
-        channel = await connection.channel(publisher_confirms=True)
+        # A message the exchange cannot route raises here instead of vanishing.
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         exchange = await channel.get_exchange(amqp.Topology.from_settings(settings).work_exchange)
         await exchange.publish(aio_pika.Message(body), amqp.BULK, mandatory=True)
 

@@ -204,13 +204,17 @@ async def logged_count(path: Path, event: str, **fields: Any) -> int:
 
 
 async def topology_declared(settings: Settings) -> bool:
-    """True once the lane queues exist (a consumer or publisher declared them)."""
+    """True once a consumer or publisher has declared the whole topology: its last queue,
+    the longest delay tier, exists. ``amqp.declare`` runs one declaration after another,
+    so every binding before it is made too. (The bulk lane's queue exists a moment before
+    its binding: a message published in that moment is returned unroutable.)"""
+    topology = amqp.Topology.from_settings(settings)
     connection = await aio_pika.connect(settings.amqp_url.get_secret_value())
     async with connection:
         channel = await connection.channel()
         try:
             await channel.declare_queue(
-                amqp.Topology.from_settings(settings).lane_queue(amqp.BULK), passive=True
+                topology.delay_queue(topology.delay_tiers_seconds[-1]), passive=True
             )
         except aio_pika.exceptions.ChannelClosed:
             return False
