@@ -174,6 +174,8 @@ async def declare(channel: AbstractChannel, topology: Topology) -> None:
     )
     await dead.bind(dlx)
     await timer.declare(channel, topology.namespace, work)
+    # The longest delay tier is declared last: its queue existing means every binding above
+    # is in place (tests/support/relay.py's ``topology_declared`` waits for it).
     for tier in topology.delay_tiers_seconds:
         tier_queue = await brokers.declare_quorum(
             channel,
